@@ -65,25 +65,41 @@ impl TransactionStatus {
 pub enum Authentication {
     Ok,
     CleartextPassword,
-    Md5Password { salt: [u8; 4] },
+    Md5Password {
+        salt: [u8; 4],
+    },
     /// Offered SASL mechanisms, e.g. `SCRAM-SHA-256`.
-    Sasl { mechanisms: Vec<String> },
-    SaslContinue { data: Bytes },
-    SaslFinal { data: Bytes },
+    Sasl {
+        mechanisms: Vec<String>,
+    },
+    SaslContinue {
+        data: Bytes,
+    },
+    SaslFinal {
+        data: Bytes,
+    },
     /// Kerberos, GSS, SSPI and anything newer: pgmemo cannot answer these itself.
-    Unsupported { code: i32 },
+    Unsupported {
+        code: i32,
+    },
 }
 
 /// The backend messages pgmemo needs to understand; everything else is forwarded as raw frames.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendMessage {
     Authentication(Authentication),
-    ParameterStatus { name: String, value: String },
+    ParameterStatus {
+        name: String,
+        value: String,
+    },
     BackendKeyData(CancelKey),
     ReadyForQuery(TransactionStatus),
     ErrorResponse(ErrorResponse),
     NoticeResponse(ErrorResponse),
-    NegotiateProtocolVersion { minor: i32, unrecognized: Vec<String> },
+    NegotiateProtocolVersion {
+        minor: i32,
+        unrecognized: Vec<String>,
+    },
     /// Any other message, kept whole.
     Other(Frame),
 }
@@ -132,7 +148,9 @@ impl BackendMessage {
             tag::READY_FOR_QUERY => {
                 BackendMessage::ReadyForQuery(TransactionStatus::from_byte(r.u8()?)?)
             }
-            tag::ERROR_RESPONSE => BackendMessage::ErrorResponse(ErrorResponse::parse(frame.body())?),
+            tag::ERROR_RESPONSE => {
+                BackendMessage::ErrorResponse(ErrorResponse::parse(frame.body())?)
+            }
             tag::NOTICE_RESPONSE => {
                 BackendMessage::NoticeResponse(ErrorResponse::parse(frame.body())?)
             }
@@ -221,7 +239,9 @@ pub fn backend_key_data(key: CancelKey) -> Bytes {
 /// ReadyForQuery.
 pub fn ready_for_query(status: TransactionStatus) -> Bytes {
     let mut out = BytesMut::with_capacity(6);
-    put_message(&mut out, tag::READY_FOR_QUERY, |b| b.put_u8(status.as_byte()));
+    put_message(&mut out, tag::READY_FOR_QUERY, |b| {
+        b.put_u8(status.as_byte())
+    });
     out.freeze()
 }
 
@@ -304,7 +324,10 @@ mod tests {
             BackendMessage::Authentication(Authentication::Md5Password { salt: [1, 2, 3, 4] })
         );
         assert_eq!(
-            decode(authentication_sasl(&["SCRAM-SHA-256", "SCRAM-SHA-256-PLUS"])),
+            decode(authentication_sasl(&[
+                "SCRAM-SHA-256",
+                "SCRAM-SHA-256-PLUS"
+            ])),
             BackendMessage::Authentication(Authentication::Sasl {
                 mechanisms: vec!["SCRAM-SHA-256".into(), "SCRAM-SHA-256-PLUS".into()]
             })
@@ -320,7 +343,10 @@ mod tests {
             process_id: 42,
             secret_key: 7,
         };
-        assert_eq!(decode(backend_key_data(key)), BackendMessage::BackendKeyData(key));
+        assert_eq!(
+            decode(backend_key_data(key)),
+            BackendMessage::BackendKeyData(key)
+        );
         assert_eq!(
             decode(ready_for_query(TransactionStatus::Failed)),
             BackendMessage::ReadyForQuery(TransactionStatus::Failed)
@@ -336,6 +362,9 @@ mod tests {
 
     #[test]
     fn golden_ready_for_query() {
-        assert_eq!(&ready_for_query(TransactionStatus::Idle)[..], b"Z\0\0\0\x05I");
+        assert_eq!(
+            &ready_for_query(TransactionStatus::Idle)[..],
+            b"Z\0\0\0\x05I"
+        );
     }
 }

@@ -61,7 +61,11 @@ pub(crate) fn put_cstr(out: &mut bytes::BytesMut, s: &str) {
 }
 
 /// Writes a tagged message: `tag`, then a length placeholder patched after `body` ran.
-pub(crate) fn put_message(out: &mut bytes::BytesMut, tag: u8, body: impl FnOnce(&mut bytes::BytesMut)) {
+pub(crate) fn put_message(
+    out: &mut bytes::BytesMut,
+    tag: u8,
+    body: impl FnOnce(&mut bytes::BytesMut),
+) {
     out.extend_from_slice(&[tag]);
     let len_at = out.len();
     out.extend_from_slice(&[0, 0, 0, 0]);

@@ -168,9 +168,6 @@ mod tests {
     #[test]
     fn golden_bytes() {
         let raw = ErrorResponse::error("42601", "x").encode();
-        assert_eq!(
-            &raw[..],
-            b"E\0\0\0\x1dSERROR\0VERROR\0C42601\0Mx\0\0"
-        );
+        assert_eq!(&raw[..], b"E\0\0\0\x1dSERROR\0VERROR\0C42601\0Mx\0\0");
     }
 }

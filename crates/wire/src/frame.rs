@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes, BytesMut};
 
 /// Errors found while decoding protocol bytes. Each maps to an `08P01` protocol violation at the
 /// client edge.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
     #[error("invalid message length {0}")]
     InvalidLength(i64),

@@ -28,10 +28,14 @@ pub mod tag {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrontendMessage {
     /// Simple query.
-    Query { sql: String },
+    Query {
+        sql: String,
+    },
     /// A 'p' message: a password, SASL initial response or SASL response. Which one it is
     /// depends on the authentication exchange, so it is kept raw here; see [`SaslInitialResponse`].
-    Password { body: Bytes },
+    Password {
+        body: Bytes,
+    },
     Terminate,
     Sync,
     /// Any other message, kept whole.

@@ -54,7 +54,10 @@ mod tests {
     #[test]
     fn known_secret() {
         // SELECT 'md5' || md5('secret' || 'alice')
-        assert_eq!(md5_secret("alice", "secret"), "md54a0a68b43b6cd5cf266fa02f196e2371");
+        assert_eq!(
+            md5_secret("alice", "secret"),
+            "md54a0a68b43b6cd5cf266fa02f196e2371"
+        );
         let secret = md5_secret("alice", "secret");
         let resp = md5_response_from_secret(&secret, [1, 2, 3, 4]).unwrap();
         assert!(verify_md5_response(&secret, [1, 2, 3, 4], &resp));

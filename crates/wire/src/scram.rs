@@ -169,7 +169,11 @@ impl ScramServer {
         let mut parts = bare.split(',');
         let _user = attr(parts.next(), 'n')?;
         let client_nonce = attr(parts.next(), 'r')?;
-        if client_nonce.is_empty() || !client_nonce.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b',') {
+        if client_nonce.is_empty()
+            || !client_nonce
+                .bytes()
+                .all(|b| (0x21..=0x7e).contains(&b) && b != b',')
+        {
             return Err(ScramError::Malformed("invalid nonce"));
         }
         let mut raw = [0u8; 18];
@@ -275,7 +279,10 @@ mod tests {
         let parsed = ScramSecret::parse(s).unwrap();
         assert_eq!(parsed.iterations, 4096);
         assert_eq!(parsed.to_text(), s);
-        assert_eq!(ScramSecret::from_password("secret", &parsed.salt, 4096), parsed);
+        assert_eq!(
+            ScramSecret::from_password("secret", &parsed.salt, 4096),
+            parsed
+        );
         assert!(ScramSecret::parse("md5abc").is_err());
     }
 

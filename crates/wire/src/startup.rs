@@ -92,7 +92,9 @@ impl StartupPacket {
         }
         let len = i32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
         if len < 8 || len as usize > MAX_STARTUP_PACKET_LEN {
-            return Err(WireError::InvalidStartup("invalid length of startup packet"));
+            return Err(WireError::InvalidStartup(
+                "invalid length of startup packet",
+            ));
         }
         let len = len as usize;
         if buf.len() < len {
@@ -108,9 +110,9 @@ impl StartupPacket {
                 process_id: r.i32()?,
                 secret_key: r.i32()?,
             }))),
-            SSL_REQUEST_CODE | GSSENC_REQUEST_CODE | CANCEL_REQUEST_CODE => {
-                Err(WireError::InvalidStartup("invalid length of startup packet"))
-            }
+            SSL_REQUEST_CODE | GSSENC_REQUEST_CODE | CANCEL_REQUEST_CODE => Err(
+                WireError::InvalidStartup("invalid length of startup packet"),
+            ),
             _ => {
                 let major = (code >> 16) as u16;
                 let minor = (code & 0xffff) as u16;

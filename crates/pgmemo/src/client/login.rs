@@ -1,0 +1,184 @@
+//! From a StartupMessage to an authenticated client holding a server connection: resolve where
+//! the client's database lives (`[databases]` mapping or pass-through), authenticate (relayed
+//! or local), and take a connection from the pool or open one.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use wire::backend;
+use wire::startup::StartupMessage;
+
+use super::auth::{authenticate_locally, relay_upstream_auth};
+use super::{ClientConn, ClientError};
+use crate::config::{AuthType, Config};
+use crate::pool::{Lease, PoolKey, PoolSettings, ServerConn};
+use crate::shared::Shared;
+use crate::stats::Stats;
+
+/// Where and as whom a client's session runs on the server.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub key: PoolKey,
+    /// The name the client used for its database.
+    pub client_database: String,
+    /// Password from a `[databases]` entry.
+    pub password: Option<String>,
+    /// The StartupMessage parameters pgmemo sends to the server.
+    pub server_params: Vec<(String, String)>,
+    /// Hash of `server_params`: pooled connections are shared only between equal startups.
+    pub fingerprint: u64,
+}
+
+impl Route {
+    /// Applies the `[databases]` mapping to a client's startup parameters.
+    pub fn resolve(config: &Config, startup: &StartupMessage) -> Route {
+        let user = startup.param("user").unwrap_or_default().to_owned();
+        let client_database = startup
+            .param("database")
+            .filter(|d| !d.is_empty())
+            .unwrap_or(&user)
+            .to_owned();
+        let mapping = config.databases.get(&client_database);
+        let host = mapping
+            .and_then(|m| m.host.clone())
+            .unwrap_or_else(|| config.upstream.host.clone());
+        let port = mapping.and_then(|m| m.port).unwrap_or(config.upstream.port);
+        let database = mapping
+            .and_then(|m| m.dbname.clone())
+            .unwrap_or_else(|| client_database.clone());
+        let server_user = mapping.and_then(|m| m.user.clone()).unwrap_or(user);
+        let mut server_params = vec![
+            ("user".to_owned(), server_user.clone()),
+            ("database".to_owned(), database.clone()),
+        ];
+        server_params.extend(
+            startup
+                .params
+                .iter()
+                .filter(|(k, _)| k != "user" && k != "database" && !k.starts_with("_pq_."))
+                .cloned(),
+        );
+        let mut h = DefaultHasher::new();
+        server_params.hash(&mut h);
+        Route {
+            key: PoolKey {
+                host,
+                port,
+                database,
+                user: server_user,
+            },
+            client_database,
+            password: mapping.and_then(|m| m.password.clone()),
+            server_params,
+            fingerprint: h.finish(),
+        }
+    }
+}
+
+/// The pool settings in force now.
+pub fn pool_settings(config: &Config) -> PoolSettings {
+    PoolSettings {
+        server_lifetime: config.server_lifetime.0,
+        server_idle_timeout: config.server_idle_timeout.0,
+        server_check_delay: config.server_check_delay.0,
+        server_check_query: config.server_check_query.clone(),
+        server_reset_query: config.server_reset_query.clone(),
+    }
+}
+
+/// Authenticates the client and lends it a server connection. On success the client has
+/// received AuthenticationOk; the caller sends ParameterStatus, BackendKeyData and
+/// ReadyForQuery.
+pub async fn login(
+    client: &mut ClientConn,
+    shared: &Arc<Shared>,
+    startup: &StartupMessage,
+) -> Result<(Route, Lease, ServerConn), ClientError> {
+    let config = shared.config();
+    let route = Route::resolve(&config, startup);
+    let pool = shared
+        .pools
+        .get(&route.key, config.pool_size_for(&route.client_database));
+    let settings = pool_settings(&config);
+    let wait = config.query_wait_timeout.0;
+    let upstream_tls = shared.upstream_tls.as_ref();
+
+    if config.auth_type == AuthType::Upstream {
+        let mut lease = pool.acquire(wait).await.inspect_err(|_| {
+            Stats::bump(&shared.stats.pool_wait_timeouts);
+        })?;
+        if pool.trust_known() {
+            if let Some(conn) = lease.take_idle(route.fingerprint, &settings).await {
+                client.send(&backend::authentication_ok()).await?;
+                return Ok((route, lease, conn));
+            }
+        }
+        lease.reserve_new();
+        let mut conn = open(shared, &route, upstream_tls).await?;
+        let asked = relay_upstream_auth(client, &mut conn).await?;
+        conn.finish_startup().await?;
+        pool.set_trust_known(!asked);
+        return Ok((route, lease, conn));
+    }
+
+    let user = startup.param("user").unwrap_or_default();
+    let userlist = shared.userlist();
+    let local = authenticate_locally(client, &userlist, config.auth_type, user).await?;
+    let mut lease = pool.acquire(wait).await.inspect_err(|_| {
+        Stats::bump(&shared.stats.pool_wait_timeouts);
+    })?;
+    if let Some(conn) = lease.take_idle(route.fingerprint, &settings).await {
+        return Ok((route, lease, conn));
+    }
+    lease.reserve_new();
+    let password = route
+        .password
+        .clone()
+        .or_else(|| (route.key.user == user).then_some(local.password).flatten())
+        .or_else(|| match userlist.get(&route.key.user) {
+            Some(crate::auth::Secret::Plain(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .or_else(|| {
+            (config.upstream.user.as_deref() == Some(route.key.user.as_str()))
+                .then(|| config.upstream.password.clone())
+                .flatten()
+        });
+    let mut conn = open(shared, &route, upstream_tls).await?;
+    conn.authenticate(&route.key.user, password.as_deref())
+        .await?;
+    conn.finish_startup().await?;
+    Ok((route, lease, conn))
+}
+
+async fn open(
+    shared: &Arc<Shared>,
+    route: &Route,
+    tls: Option<&crate::tls::UpstreamTls>,
+) -> Result<ServerConn, ClientError> {
+    let timeout = shared.config().server_connect_timeout.0;
+    let opened = tokio::time::timeout(
+        timeout,
+        ServerConn::open(
+            &route.key.host,
+            route.key.port,
+            tls,
+            &route.server_params,
+            route.fingerprint,
+        ),
+    )
+    .await
+    .unwrap_or(Err(crate::pool::ServerError::Timeout(timeout)));
+    match opened {
+        Ok(conn) => {
+            Stats::bump(&shared.stats.server_connects);
+            Ok(conn)
+        }
+        Err(e) => {
+            Stats::bump(&shared.stats.server_connect_failures);
+            tracing::warn!(host = %route.key.host, port = route.key.port, error = %e, "server connection failed");
+            Err(e.into())
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! One client's life: open (TLS, startup), log in, announce the session (ParameterStatus,
+//! pgmemo's own BackendKeyData, ReadyForQuery), relay, and give the server connection back in a
+//! state no other client can notice.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use tokio::net::TcpStream;
+use wire::{backend, sqlstate, ErrorResponse};
+
+use super::login::{login, pool_settings};
+use super::relay::{self, End};
+use super::startup::{self, Opening};
+use super::{ClientConn, ClientError};
+use crate::shared::Shared;
+use crate::stats::Stats;
+
+/// Serves a connection from accept to close.
+pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let login_timeout = shared.config().client_login_timeout.0;
+    let opened = tokio::time::timeout(login_timeout, startup::open(socket, peer, &shared)).await;
+    let (mut client, startup) = match opened {
+        Err(_) => {
+            tracing::info!(%peer, "client did not send a startup packet in time (client_login_timeout)");
+            return;
+        }
+        Ok(Ok(Opening::Cancel)) => return,
+        Ok(Ok(Opening::Session(client, startup))) => (client, startup),
+        Ok(Err((client, e))) => {
+            report(client, &e, peer, &shared).await;
+            return;
+        }
+    };
+    let user = startup.param("user").unwrap_or_default().to_owned();
+    let database = startup
+        .param("database")
+        .filter(|d| !d.is_empty())
+        .unwrap_or(&user)
+        .to_owned();
+
+    let wait = login_timeout + shared.config().query_wait_timeout.0;
+    let logged_in = match tokio::time::timeout(wait, login(&mut client, &shared, &startup)).await {
+        Err(_) => Err(ClientError::LoginTimeout),
+        Ok(r) => r,
+    };
+    let (route, lease, mut server) = match logged_in {
+        Ok(v) => v,
+        Err(e) => {
+            Stats::bump(&shared.stats.login_failures);
+            tracing::info!(%peer, %user, %database, error = %e, "login failed");
+            report(Some(client), &e, peer, &shared).await;
+            return;
+        }
+    };
+
+    let registration = shared.cancels.register();
+    registration.slot.set(server.cancel_target());
+    let mut hello = BytesMut::with_capacity(512);
+    for (k, v) in &server.params {
+        hello.extend_from_slice(&backend::parameter_status(k, v));
+    }
+    hello.extend_from_slice(&backend::backend_key_data(registration.key));
+    hello.extend_from_slice(&backend::ready_for_query(server.status));
+    if client.send(&hello).await.is_err() {
+        lease.release(
+            server,
+            crate::pool::ReleaseState::Boundary(wire::backend::TransactionStatus::Idle),
+            pool_settings(&shared.config()),
+        );
+        return;
+    }
+    let started = Instant::now();
+    tracing::info!(%peer, %user, %database, tls = client.stream.is_tls(), "client logged in");
+
+    let max_message = shared.config().max_message_size.0;
+    let (end, state) = relay::run(&mut client, &mut server, &shared, max_message).await;
+    registration.slot.set(None);
+    drop(registration);
+
+    let settings = pool_settings(&shared.config());
+    match &end {
+        End::ServerGone { fatal_forwarded } => {
+            if !fatal_forwarded {
+                client
+                    .send_error(
+                        &ErrorResponse::fatal(
+                            sqlstate::CONNECTION_FAILURE,
+                            "server closed the connection unexpectedly",
+                        )
+                        .with_hint("The server may have been restarted; reconnect to continue."),
+                    )
+                    .await;
+            }
+            lease.discard(server);
+        }
+        End::Shutdown => {
+            client
+                .send_error(
+                    &ErrorResponse::fatal(
+                        sqlstate::ADMIN_SHUTDOWN,
+                        "terminating connection due to administrator command",
+                    )
+                    .with_detail("pgmemo is shutting down."),
+                )
+                .await;
+            lease.release(server, state, settings);
+        }
+        End::ClientProtocol(e) => {
+            Stats::bump(&shared.stats.protocol_errors);
+            if let Some(err) = ClientError::Protocol(e.clone()).to_error_response() {
+                client.send_error(&err).await;
+            }
+            lease.release(server, state, settings);
+        }
+        End::ClientTerminated | End::ClientGone(_) => {
+            if let End::ClientGone(Some(e)) = &end {
+                tracing::debug!(%peer, error = %e, "client connection failed");
+            }
+            if state == crate::pool::ReleaseState::Dirty {
+                Stats::bump(&shared.stats.servers_closed_dirty);
+            }
+            lease.release(server, state, settings);
+        }
+    }
+    tracing::info!(
+        %peer, %user, database = %route.client_database,
+        duration_ms = started.elapsed().as_millis() as u64,
+        reason = ?end,
+        "client closed"
+    );
+}
+
+async fn report(client: Option<ClientConn>, e: &ClientError, peer: SocketAddr, shared: &Shared) {
+    if let ClientError::Protocol(_) = e {
+        Stats::bump(&shared.stats.protocol_errors);
+    }
+    match e {
+        ClientError::Disconnected | ClientError::Io(_) => {
+            tracing::debug!(%peer, error = %e, "client went away during startup");
+        }
+        _ => tracing::info!(%peer, error = %e, "client refused"),
+    }
+    if let (Some(mut client), Some(err)) = (client, e.to_error_response()) {
+        client.send_error(&err).await;
+    }
+}

@@ -1,0 +1,210 @@
+//! Configuration: what an operator can set, with defaults, and how it is loaded (TOML file,
+//! `PGMEMO_*` environment variables, command-line flags) and validated.
+//!
+//! Every field is documented in docs/configuration.md. Fields marked "runtime" take effect on
+//! SIGHUP / `RELOAD`; the others need a restart.
+
+mod load;
+mod units;
+mod upstream;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use load::{load, validate, ConfigError, ConfigSources};
+pub use units::{ByteSize, Seconds};
+pub use upstream::{SslMode, UpstreamUrl};
+
+/// How server connections are shared between clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// A client keeps one server connection for its whole session.
+    #[default]
+    Session,
+    /// A client holds a server connection only for the duration of a transaction.
+    Transaction,
+}
+
+/// How pgmemo checks the identity of a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum AuthType {
+    /// PostgreSQL checks the client: pgmemo relays the exchange over a new server connection.
+    #[default]
+    #[serde(rename = "upstream")]
+    Upstream,
+    /// No password; the user must be listed in `auth_file`.
+    #[serde(rename = "trust")]
+    Trust,
+    /// MD5 challenge against `auth_file` (plain or md5 secrets).
+    #[serde(rename = "md5")]
+    Md5,
+    /// SCRAM-SHA-256 against `auth_file` (plain or SCRAM secrets).
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+}
+
+/// Whether clients may or must use TLS to reach pgmemo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientTlsMode {
+    /// Never offer TLS.
+    Disable,
+    /// Offer TLS when a certificate is configured (the default).
+    #[default]
+    Prefer,
+    /// Refuse clients that do not use TLS.
+    Require,
+}
+
+/// A `[databases.NAME]` entry: the name clients use, mapped to a real database (PgBouncer's
+/// `[databases]` idea). Unset fields fall back to the upstream URL and the client's values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    /// Real database name on the server (default: the name the client used).
+    pub dbname: Option<String>,
+    /// Connect to the server as this user instead of the client's user.
+    pub user: Option<String>,
+    /// Password for the server connection.
+    pub password: Option<String>,
+    /// Overrides `pool_size` for this database.
+    pub pool_size: Option<usize>,
+}
+
+/// The whole configuration. Defaults match `pgmemo` started with no arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address clients connect to. Restart.
+    pub listen: SocketAddr,
+    /// The PostgreSQL server: `postgres://[USER[:PASSWORD]@]HOST[:PORT][/DB][?sslmode=..]`. Restart.
+    pub upstream: UpstreamUrl,
+    /// Session or transaction pooling. Restart.
+    pub pool_mode: PoolMode,
+    /// Server connections per (database, user). Runtime.
+    pub pool_size: usize,
+    /// Most client connections pgmemo accepts at once. Runtime.
+    pub max_client_conn: usize,
+    /// How clients authenticate. Runtime.
+    pub auth_type: AuthType,
+    /// PgBouncer-style userlist (`"user" "secret"` per line). Runtime (re-read on reload).
+    pub auth_file: Option<PathBuf>,
+    /// Run on a server connection before another client may use it. Runtime.
+    pub server_reset_query: String,
+    /// How long a client waits for a server connection before it gets an error. Runtime.
+    pub query_wait_timeout: Seconds,
+    /// Close server connections older than this once they are idle. Runtime.
+    pub server_lifetime: Seconds,
+    /// Close server connections idle for longer than this. Runtime.
+    pub server_idle_timeout: Seconds,
+    /// An idle server connection unused for longer than this is checked with
+    /// `server_check_query` before reuse. Runtime.
+    pub server_check_delay: Seconds,
+    /// Health-check query; empty disables the check. Runtime.
+    pub server_check_query: String,
+    /// Limit for establishing a server connection (TCP, TLS, startup). Runtime.
+    pub server_connect_timeout: Seconds,
+    /// A client must finish startup and authentication within this time. Runtime.
+    pub client_login_timeout: Seconds,
+    /// On SIGTERM/SIGINT, sessions in a transaction get this long to finish. Restart.
+    pub shutdown_timeout: Seconds,
+    /// Largest message accepted from a client. Runtime.
+    pub max_message_size: ByteSize,
+    /// PEM certificate chain offered to clients asking for TLS. Runtime.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key for `tls_cert_file`. Runtime.
+    pub tls_key_file: Option<PathBuf>,
+    /// Whether client TLS is offered or required. Runtime.
+    pub client_tls_sslmode: ClientTlsMode,
+    /// `tracing` filter, e.g. `info` or `pgmemo=debug`. Runtime.
+    pub log_level: String,
+    /// Name mappings for databases clients ask for. Runtime.
+    pub databases: BTreeMap<String, DatabaseConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 6432)),
+            upstream: UpstreamUrl::default(),
+            pool_mode: PoolMode::Session,
+            pool_size: 20,
+            max_client_conn: 1000,
+            auth_type: AuthType::Upstream,
+            auth_file: None,
+            server_reset_query: "DISCARD ALL".to_owned(),
+            query_wait_timeout: Seconds(Duration::from_secs(120)),
+            server_lifetime: Seconds(Duration::from_secs(3600)),
+            server_idle_timeout: Seconds(Duration::from_secs(600)),
+            server_check_delay: Seconds(Duration::from_secs(30)),
+            server_check_query: "SELECT 1".to_owned(),
+            server_connect_timeout: Seconds(Duration::from_secs(15)),
+            client_login_timeout: Seconds(Duration::from_secs(60)),
+            shutdown_timeout: Seconds(Duration::from_secs(30)),
+            max_message_size: ByteSize(256 * 1024 * 1024),
+            tls_cert_file: None,
+            tls_key_file: None,
+            client_tls_sslmode: ClientTlsMode::Prefer,
+            log_level: "info".to_owned(),
+            databases: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Pool size for a database, honouring a `[databases]` override.
+    pub fn pool_size_for(&self, database: &str) -> usize {
+        self.databases
+            .get(database)
+            .and_then(|d| d.pool_size)
+            .unwrap_or(self.pool_size)
+    }
+
+    /// The configuration as TOML with passwords masked: what `pgmemo --check` prints, safe to
+    /// paste into a bug report. Apart from the masked passwords it loads back unchanged.
+    pub fn to_toml_redacted(&self) -> String {
+        let mut redacted = self.clone();
+        redacted.upstream.password = redacted.upstream.password.map(|_| MASK.to_owned());
+        for db in redacted.databases.values_mut() {
+            db.password = db.password.take().map(|_| MASK.to_owned());
+        }
+        toml::to_string(&redacted)
+            .unwrap_or_else(|e| format!("# cannot render the configuration: {e}\n"))
+    }
+}
+
+/// Stands in for a password in rendered configuration.
+const MASK: &str = "********";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_masks_passwords() {
+        let mut c = Config {
+            upstream: UpstreamUrl::parse("postgres://u:hunter2@db/app").unwrap(),
+            ..Config::default()
+        };
+        let db = DatabaseConfig {
+            password: Some("swordfish".into()),
+            ..DatabaseConfig::default()
+        };
+        c.databases.insert("app".into(), db);
+        let text = c.to_toml_redacted();
+        assert!(
+            !text.contains("hunter2") && !text.contains("swordfish"),
+            "{text}"
+        );
+        let back: Config = toml::from_str(&text).unwrap();
+        assert_eq!(back.upstream.host, "db");
+        assert_eq!(back.databases["app"].password.as_deref(), Some(MASK));
+    }
+}

@@ -1,0 +1,176 @@
+//! A client's place in a pool: the RAII guard that holds one of `pool_size` permits, lends a
+//! connection, and on release resets the connection before another client can have it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::OwnedSemaphorePermit;
+use wire::backend::TransactionStatus;
+
+use super::{Pool, PoolSettings, ServerConn};
+
+/// In what state a client gives its connection back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseState {
+    /// At a protocol boundary (every request answered with ReadyForQuery).
+    Boundary(TransactionStatus),
+    /// Mid-request, mid-COPY or mid-message: the server's state is unknown; close it.
+    Dirty,
+}
+
+/// Holds a place in a pool until dropped. While it lives, the pool keeps room for one
+/// connection for its holder.
+pub struct Lease {
+    pool: Arc<Pool>,
+    permit: Option<OwnedSemaphorePermit>,
+    /// Whether this lease counts a connection in `total` (an idle one taken, or a new one being
+    /// opened).
+    counted: bool,
+}
+
+impl Lease {
+    pub(super) fn new(pool: Arc<Pool>, permit: OwnedSemaphorePermit) -> Lease {
+        Lease {
+            pool,
+            permit: Some(permit),
+            counted: false,
+        }
+    }
+
+    /// The pool this lease belongs to.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Takes an idle connection opened with the same startup parameters, skipping (and
+    /// closing) ones that expired or whose server went away. Connections idle for longer than
+    /// `server_check_delay` are checked with `server_check_query` first.
+    pub async fn take_idle(
+        &mut self,
+        fingerprint: u64,
+        settings: &PoolSettings,
+    ) -> Option<ServerConn> {
+        debug_assert!(!self.counted);
+        loop {
+            let conn = {
+                let mut st = self.pool.state();
+                let pos = st.idle.iter().rposition(|c| c.fingerprint == fingerprint)?;
+                st.idle.remove(pos)
+            }?;
+            self.counted = true;
+            let now = Instant::now();
+            let expired = now.duration_since(conn.created) >= settings.server_lifetime
+                || now.duration_since(conn.last_used) >= settings.server_idle_timeout
+                || conn.stream.peer_closed_or_spoke();
+            let mut conn = conn;
+            let healthy = !expired
+                && (now.duration_since(conn.last_used) < settings.server_check_delay
+                    || settings.server_check_query.is_empty()
+                    || conn
+                        .simple_query(&settings.server_check_query)
+                        .await
+                        .is_ok());
+            if healthy && conn.status == TransactionStatus::Idle {
+                return Some(conn);
+            }
+            self.discard_counted();
+            tokio::spawn(conn.close());
+        }
+    }
+
+    /// Reserves room for a new connection, closing an idle one of other startup parameters
+    /// if the pool is full.
+    pub fn reserve_new(&mut self) {
+        debug_assert!(!self.counted);
+        let evicted = {
+            let mut st = self.pool.state();
+            let evicted = if st.total >= self.pool.size() {
+                st.idle.pop_front()
+            } else {
+                None
+            };
+            if evicted.is_none() {
+                st.total += 1;
+            }
+            evicted
+        };
+        self.counted = true;
+        if let Some(old) = evicted {
+            tokio::spawn(old.close());
+        }
+    }
+
+    fn discard_counted(&mut self) {
+        if self.counted {
+            self.pool.state().total -= 1;
+            self.counted = false;
+        }
+    }
+
+    /// Ends the lease. A connection at a boundary is reset (rolled back first when in a
+    /// transaction) in the background and becomes idle; the permit is held until then so the
+    /// pool never has more than `pool_size` connections. Anything else is closed.
+    pub fn release(mut self, conn: ServerConn, state: ReleaseState, settings: PoolSettings) {
+        let pool = self.pool.clone();
+        let permit = self.permit.take();
+        self.counted = false;
+        tokio::spawn(async move {
+            let _permit = permit;
+            match reset(conn, state, &settings).await {
+                Some(mut conn) => {
+                    conn.last_used = Instant::now();
+                    pool.state().idle.push_back(conn);
+                }
+                None => {
+                    pool.state().total -= 1;
+                }
+            }
+        });
+    }
+
+    /// Ends the lease and closes the connection (its server state cannot be trusted).
+    pub fn discard(mut self, conn: ServerConn) {
+        self.discard_counted();
+        tokio::spawn(conn.close());
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // A lease dropped while counting a connection it never handed back (a failed connect,
+        // a panicking session) gives its room back.
+        self.discard_counted();
+    }
+}
+
+async fn reset(
+    mut conn: ServerConn,
+    state: ReleaseState,
+    settings: &PoolSettings,
+) -> Option<ServerConn> {
+    let status = match state {
+        ReleaseState::Dirty => {
+            conn.close().await;
+            return None;
+        }
+        ReleaseState::Boundary(status) => status,
+    };
+    let timeout = std::time::Duration::from_secs(10);
+    let work = async {
+        if status != TransactionStatus::Idle {
+            conn.simple_query("ROLLBACK").await?;
+        }
+        if !settings.server_reset_query.is_empty() {
+            conn.simple_query(&settings.server_reset_query).await?;
+        }
+        Ok::<_, super::ServerError>(())
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(Ok(())) if conn.status == TransactionStatus::Idle => Some(conn),
+        outcome => {
+            tracing::warn!(?outcome, "server reset failed; closing the connection");
+            conn.close().await;
+            None
+        }
+    }
+}

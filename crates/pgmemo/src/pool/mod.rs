@@ -1,0 +1,212 @@
+//! Step 5 of the query path: server connection pools, one per (server, database, user).
+//!
+//! A client first takes a [`Lease`] (a place among `pool_size`, waiting in FIFO order up to
+//! `query_wait_timeout`), then either an idle connection from the pool or a slot to open a new
+//! one. Giving the lease back with a connection resets the connection (`server_reset_query`)
+//! in the background before it becomes idle again; a connection that is not at a clean protocol
+//! boundary is closed instead, so no client ever inherits another's transaction or settings.
+
+mod lease;
+mod server;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+pub use lease::{Lease, ReleaseState};
+pub use server::{ServerConn, ServerError};
+
+/// Identifies a pool: the real server, database and user of its connections.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub user: String,
+}
+
+/// Why no server connection could be lent.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("no server connection became available within {0:?} (query_wait_timeout)")]
+    WaitTimeout(Duration),
+    #[error("pgmemo is shutting down")]
+    Closed,
+}
+
+/// Timeouts and checks applied when lending and taking back connections.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub server_lifetime: Duration,
+    pub server_idle_timeout: Duration,
+    pub server_check_delay: Duration,
+    pub server_check_query: String,
+    pub server_reset_query: String,
+}
+
+/// All pools of a pgmemo instance.
+#[derive(Default)]
+pub struct Pools {
+    pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+}
+
+impl Pools {
+    /// The pool for `key`, created on first use; its size follows `size` on every call so that
+    /// a reloaded `pool_size` takes effect.
+    pub fn get(&self, key: &PoolKey, size: usize) -> Arc<Pool> {
+        let pool = {
+            let mut map = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(key.clone())
+                .or_insert_with(|| Arc::new(Pool::new(key.clone(), size)))
+                .clone()
+        };
+        pool.resize(size);
+        pool
+    }
+
+    /// Every pool, for statistics.
+    pub fn all(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Closes idle connections that outlived `server_idle_timeout` or `server_lifetime`.
+    pub async fn close_expired(&self, settings: &PoolSettings) {
+        for pool in self.all() {
+            for conn in pool.take_expired(settings) {
+                conn.close().await;
+            }
+        }
+    }
+
+    /// Closes every idle connection and refuses new leases (shutdown).
+    pub async fn close_all(&self) {
+        for pool in self.all() {
+            pool.semaphore.close();
+            let idle: Vec<ServerConn> = {
+                let mut st = pool.state();
+                let drained: Vec<_> = st.idle.drain(..).collect();
+                st.total -= drained.len();
+                drained
+            };
+            for conn in idle {
+                conn.close().await;
+            }
+        }
+    }
+}
+
+struct PoolState {
+    idle: VecDeque<ServerConn>,
+    /// Connections that exist: idle, lent out, or being reset.
+    total: usize,
+}
+
+/// Connections to one (server, database, user).
+pub struct Pool {
+    key: PoolKey,
+    semaphore: Arc<Semaphore>,
+    size: AtomicUsize,
+    state: Mutex<PoolState>,
+    /// Whether the server accepted pgmemo's last connection for this key without asking for a
+    /// password: only then may `auth_type = upstream` hand an idle connection to a new client
+    /// without relaying an authentication exchange.
+    trust_known: AtomicBool,
+}
+
+impl Pool {
+    fn new(key: PoolKey, size: usize) -> Pool {
+        Pool {
+            key,
+            semaphore: Arc::new(Semaphore::new(size)),
+            size: AtomicUsize::new(size),
+            state: Mutex::new(PoolState {
+                idle: VecDeque::new(),
+                total: 0,
+            }),
+            trust_known: AtomicBool::new(false),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool's identity.
+    pub fn key(&self) -> &PoolKey {
+        &self.key
+    }
+
+    fn resize(&self, size: usize) {
+        let old = self.size.swap(size, Ordering::AcqRel);
+        if size > old {
+            self.semaphore.add_permits(size - old);
+        } else if size < old {
+            // Permits in use cannot be revoked; forget what is free now and let the rest shrink
+            // as leases end (a shrunk pool may briefly exceed its new size).
+            let removed = self.semaphore.forget_permits(old - size);
+            if removed < old - size {
+                tracing::debug!(pool = ?self.key, "pool shrinks as leases end");
+            }
+        }
+    }
+
+    /// Waits (FIFO) for a place among the pool's connections.
+    pub async fn acquire(self: &Arc<Self>, wait: Duration) -> Result<Lease, PoolError> {
+        let permit = match tokio::time::timeout(wait, self.semaphore.clone().acquire_owned()).await
+        {
+            Err(_) => return Err(PoolError::WaitTimeout(wait)),
+            Ok(Err(_)) => return Err(PoolError::Closed),
+            Ok(Ok(p)) => p,
+        };
+        Ok(Lease::new(self.clone(), permit))
+    }
+
+    /// See the field doc of `trust_known`.
+    pub fn trust_known(&self) -> bool {
+        self.trust_known.load(Ordering::Acquire)
+    }
+
+    /// Records whether the last login needed a password.
+    pub fn set_trust_known(&self, trusted: bool) {
+        self.trust_known.store(trusted, Ordering::Release);
+    }
+
+    /// (idle, total) connection counts.
+    pub fn counts(&self) -> (usize, usize) {
+        let st = self.state();
+        (st.idle.len(), st.total)
+    }
+
+    /// The configured size.
+    pub fn size(&self) -> usize {
+        self.size.load(Ordering::Acquire)
+    }
+
+    fn take_expired(&self, settings: &PoolSettings) -> Vec<ServerConn> {
+        let now = Instant::now();
+        let mut st = self.state();
+        let mut expired = Vec::new();
+        let mut keep = VecDeque::with_capacity(st.idle.len());
+        while let Some(c) = st.idle.pop_front() {
+            if now.duration_since(c.last_used) >= settings.server_idle_timeout
+                || now.duration_since(c.created) >= settings.server_lifetime
+                || c.stream.peer_closed_or_spoke()
+            {
+                expired.push(c);
+            } else {
+                keep.push_back(c);
+            }
+        }
+        st.idle = keep;
+        st.total -= expired.len();
+        expired
+    }
+}

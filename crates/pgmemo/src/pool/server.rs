@@ -1,0 +1,320 @@
+//! One connection to a PostgreSQL server: opening it (TCP, optional TLS, StartupMessage),
+//! logging in as a client when pgmemo holds the credentials, finishing startup, and the small
+//! simple-query exchanges the pool needs (reset, health check, rollback).
+
+use std::time::Instant;
+
+use bytes::BytesMut;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use wire::backend::{Authentication, BackendMessage, TransactionStatus};
+use wire::startup::{encode_ssl_request, CancelKey, StartupMessage};
+use wire::{frontend, ErrorResponse, Frame, WireError};
+
+use crate::cancel::ServerCancelTarget;
+use crate::net::{MaybeTls, ServerStream};
+use crate::tls::UpstreamTls;
+
+/// Servers may send large rows; pgmemo only frames whole the small messages it reads itself.
+const MAX_SERVER_FRAME: usize = 1 << 30;
+
+/// What went wrong with a server connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("could not connect to server {host}:{port}: {source}")]
+    Connect {
+        host: String,
+        port: u16,
+        source: std::io::Error,
+    },
+    #[error("server connection lost: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("server closed the connection unexpectedly")]
+    Closed,
+    #[error("TLS with the server failed: {0}")]
+    Tls(String),
+    #[error("server does not support TLS, but sslmode requires it")]
+    TlsRefused,
+    #[error("invalid message from server: {0}")]
+    Protocol(#[from] WireError),
+    #[error("unexpected message '{}' from server", char::from(*.0))]
+    Unexpected(u8),
+    #[error("server reported: {0}")]
+    Server(ErrorResponse),
+    #[error("server asked for a password, but pgmemo has none for user \"{0}\"")]
+    NoPassword(String),
+    #[error("server requested authentication method {0}, which pgmemo does not support")]
+    UnsupportedAuth(i32),
+    #[error("SCRAM exchange with the server failed: {0}")]
+    Scram(String),
+    #[error("server did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl ServerError {
+    /// The error a client sees for this failure: the server's own error when there is one
+    /// (same SQLSTATE and message as a direct connection), else 08006.
+    pub fn to_client_error(&self) -> ErrorResponse {
+        match self {
+            ServerError::Server(e) => e.clone(),
+            other => ErrorResponse::fatal(wire::sqlstate::CONNECTION_FAILURE, other.to_string()),
+        }
+    }
+}
+
+/// An open server connection and what pgmemo knows about its session.
+pub struct ServerConn {
+    /// The socket.
+    pub stream: ServerStream,
+    /// Bytes read from the server and not consumed yet.
+    pub read_buf: BytesMut,
+    /// The server's BackendKeyData, for forwarding cancel requests.
+    pub key: Option<CancelKey>,
+    /// Current values of the server's reported parameters (ParameterStatus), in arrival order.
+    pub params: Vec<(String, String)>,
+    /// Hash of the startup parameters the connection was opened with; a pooled connection is
+    /// only reused by clients whose startup parameters hash the same.
+    pub fingerprint: u64,
+    /// Where the server is, for cancel requests.
+    pub host: String,
+    pub port: u16,
+    /// Transaction status from the last ReadyForQuery.
+    pub status: TransactionStatus,
+    pub created: Instant,
+    pub last_used: Instant,
+}
+
+impl ServerConn {
+    /// Connects, negotiates TLS as configured and sends the StartupMessage. Authentication is
+    /// the caller's next step ([`ServerConn::authenticate`] or a relay).
+    pub async fn open(
+        host: &str,
+        port: u16,
+        tls: Option<&UpstreamTls>,
+        startup: &[(String, String)],
+        fingerprint: u64,
+    ) -> Result<ServerConn, ServerError> {
+        let tcp =
+            TcpStream::connect((host, port))
+                .await
+                .map_err(|source| ServerError::Connect {
+                    host: host.to_owned(),
+                    port,
+                    source,
+                })?;
+        tcp.set_nodelay(true)?;
+        let stream = match tls {
+            None => MaybeTls::Plain(tcp),
+            Some(tls) => negotiate_tls(tcp, tls).await?,
+        };
+        let mut conn = ServerConn {
+            stream,
+            read_buf: BytesMut::with_capacity(16 * 1024),
+            key: None,
+            params: Vec::new(),
+            fingerprint,
+            host: host.to_owned(),
+            port,
+            status: TransactionStatus::Idle,
+            created: Instant::now(),
+            last_used: Instant::now(),
+        };
+        let msg = StartupMessage::encode(startup.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        conn.send(&msg).await?;
+        Ok(conn)
+    }
+
+    /// Writes bytes to the server.
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ServerError> {
+        self.stream.write_all(bytes).await?;
+        self.stream.flush().await?;
+        Ok(())
+    }
+
+    /// Reads one whole message.
+    pub async fn read_frame(&mut self) -> Result<Frame, ServerError> {
+        loop {
+            if let Some(frame) = Frame::decode(&mut self.read_buf, MAX_SERVER_FRAME)? {
+                return Ok(frame);
+            }
+            if self.read_buf.capacity() - self.read_buf.len() < 4096 {
+                self.read_buf.reserve(16 * 1024);
+            }
+            if self.stream.read_buf(&mut self.read_buf).await? == 0 {
+                return Err(ServerError::Closed);
+            }
+        }
+    }
+
+    /// Logs in with pgmemo's own credentials (trust, cleartext, md5 or SCRAM-SHA-256).
+    pub async fn authenticate(
+        &mut self,
+        user: &str,
+        password: Option<&str>,
+    ) -> Result<(), ServerError> {
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            let frame = self.read_frame().await?;
+            let auth = match BackendMessage::decode(frame)? {
+                BackendMessage::Authentication(a) => a,
+                BackendMessage::ErrorResponse(e) => return Err(ServerError::Server(e)),
+                BackendMessage::NegotiateProtocolVersion { .. } => continue,
+                BackendMessage::NoticeResponse(_) => continue,
+                other => return Err(ServerError::Unexpected(tag_of(&other))),
+            };
+            let need_pw = || password.ok_or_else(|| ServerError::NoPassword(user.to_owned()));
+            match auth {
+                Authentication::Ok => return Ok(()),
+                Authentication::CleartextPassword => {
+                    self.send(&frontend::password_message(need_pw()?)).await?;
+                }
+                Authentication::Md5Password { salt } => {
+                    let secret = wire::md5::md5_secret(user, need_pw()?);
+                    let resp = wire::md5::md5_response_from_secret(&secret, salt)
+                        .expect("md5_secret yields a valid secret");
+                    self.send(&frontend::password_message(&resp)).await?;
+                }
+                Authentication::Sasl { mechanisms } => {
+                    if !mechanisms.iter().any(|m| m == wire::scram::SCRAM_SHA_256) {
+                        return Err(ServerError::Scram(format!(
+                            "no supported SASL mechanism in {mechanisms:?}"
+                        )));
+                    }
+                    let s = ScramSha256::new(need_pw()?.as_bytes(), ChannelBinding::unsupported());
+                    self.send(&frontend::sasl_initial_response(
+                        wire::scram::SCRAM_SHA_256,
+                        s.message(),
+                    ))
+                    .await?;
+                    scram = Some(s);
+                }
+                Authentication::SaslContinue { data } => {
+                    let s = scram
+                        .as_mut()
+                        .ok_or(ServerError::Scram("unexpected SASLContinue".into()))?;
+                    s.update(&data)
+                        .map_err(|e| ServerError::Scram(e.to_string()))?;
+                    let msg = frontend::sasl_response(s.message());
+                    self.send(&msg).await?;
+                }
+                Authentication::SaslFinal { data } => {
+                    let mut s = scram
+                        .take()
+                        .ok_or(ServerError::Scram("unexpected SASLFinal".into()))?;
+                    s.finish(&data)
+                        .map_err(|e| ServerError::Scram(e.to_string()))?;
+                }
+                Authentication::Unsupported { code } => {
+                    return Err(ServerError::UnsupportedAuth(code))
+                }
+            }
+        }
+    }
+
+    /// After AuthenticationOk: collects ParameterStatus and BackendKeyData up to the first
+    /// ReadyForQuery. A FATAL from the server here (e.g. 3D000) is returned as
+    /// [`ServerError::Server`].
+    pub async fn finish_startup(&mut self) -> Result<(), ServerError> {
+        loop {
+            let frame = self.read_frame().await?;
+            match BackendMessage::decode(frame)? {
+                BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
+                BackendMessage::BackendKeyData(key) => self.key = Some(key),
+                BackendMessage::ReadyForQuery(status) => {
+                    self.status = status;
+                    return Ok(());
+                }
+                BackendMessage::ErrorResponse(e) => return Err(ServerError::Server(e)),
+                BackendMessage::NoticeResponse(_)
+                | BackendMessage::NegotiateProtocolVersion { .. } => {}
+                other => return Err(ServerError::Unexpected(tag_of(&other))),
+            }
+        }
+    }
+
+    /// Records a ParameterStatus value.
+    pub fn set_param(&mut self, name: String, value: String) {
+        match self.params.iter_mut().find(|(k, _)| *k == name) {
+            Some(slot) => slot.1 = value,
+            None => self.params.push((name, value)),
+        }
+    }
+
+    /// Runs a simple query whose result pgmemo does not need, up to ReadyForQuery. Errors from
+    /// the server are returned; the connection stays usable after them.
+    pub async fn simple_query(&mut self, sql: &str) -> Result<(), ServerError> {
+        self.send(&frontend::query(sql)).await?;
+        let mut error = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                b'Z' | b'S' | b'E' => match BackendMessage::decode(frame)? {
+                    BackendMessage::ReadyForQuery(status) => {
+                        self.status = status;
+                        return match error {
+                            Some(e) => Err(ServerError::Server(e)),
+                            None => Ok(()),
+                        };
+                    }
+                    BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
+                    BackendMessage::ErrorResponse(e) => error = Some(e),
+                    _ => {}
+                },
+                // COPY cannot be part of a reset query; anything else is result data we drop.
+                b'G' | b'H' | b'W' => return Err(ServerError::Unexpected(frame.tag())),
+                _ => {}
+            }
+        }
+    }
+
+    /// Where to send a cancel for this connection.
+    pub fn cancel_target(&self) -> Option<ServerCancelTarget> {
+        self.key.map(|key| ServerCancelTarget {
+            host: self.host.clone(),
+            port: self.port,
+            key,
+        })
+    }
+
+    /// Sends Terminate and closes, ignoring errors: the connection is being discarded.
+    pub async fn close(mut self) {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+            let _ = self.stream.write_all(&frontend::terminate()).await;
+            let _ = self.stream.shutdown().await;
+        })
+        .await;
+    }
+}
+
+fn tag_of(msg: &BackendMessage) -> u8 {
+    match msg {
+        BackendMessage::Authentication(_) => b'R',
+        BackendMessage::ParameterStatus { .. } => b'S',
+        BackendMessage::BackendKeyData(_) => b'K',
+        BackendMessage::ReadyForQuery(_) => b'Z',
+        BackendMessage::ErrorResponse(_) => b'E',
+        BackendMessage::NoticeResponse(_) => b'N',
+        BackendMessage::NegotiateProtocolVersion { .. } => b'v',
+        BackendMessage::Other(f) => f.tag(),
+    }
+}
+
+async fn negotiate_tls(mut tcp: TcpStream, tls: &UpstreamTls) -> Result<ServerStream, ServerError> {
+    tcp.write_all(&encode_ssl_request()).await?;
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer).await?;
+    match answer[0] {
+        b'S' => {
+            let stream = tls
+                .connector
+                .connect(tls.server_name.clone(), tcp)
+                .await
+                .map_err(|e| ServerError::Tls(e.to_string()))?;
+            Ok(MaybeTls::Tls(Box::new(stream)))
+        }
+        b'N' if !tls.required => Ok(MaybeTls::Plain(tcp)),
+        b'N' => Err(ServerError::TlsRefused),
+        other => Err(ServerError::Unexpected(other)),
+    }
+}

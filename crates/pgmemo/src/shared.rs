@@ -1,0 +1,138 @@
+//! The one handle to process-wide state that every step of the query path receives: the live
+//! configuration, the userlist, the pools, the cancel registry, TLS settings, counters and the
+//! shutdown signals. There are no globals; tests run several instances in one process.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::Userlist;
+use crate::cancel::CancelRegistry;
+use crate::config::Config;
+use crate::pool::Pools;
+use crate::stats::Stats;
+use crate::tls::{ClientTls, UpstreamTls};
+
+/// Process-wide state shared by all sessions.
+pub struct Shared {
+    config: ArcSwap<Config>,
+    userlist: ArcSwap<Userlist>,
+    client_tls: ArcSwap<Option<ClientTls>>,
+    /// TLS client configuration for upstream connections (fixed at start: the upstream URL is).
+    pub upstream_tls: Option<UpstreamTls>,
+    /// Server connection pools per (database, user).
+    pub pools: Pools,
+    /// Maps the cancel keys pgmemo hands out to the server sessions they stand for.
+    pub cancels: CancelRegistry,
+    /// Counters for the admin console and metrics.
+    pub stats: Stats,
+    /// Every client task, so shutdown can wait for them.
+    pub sessions: TaskTracker,
+    /// Cancelled when pgmemo stops accepting: idle sessions close, busy ones finish.
+    pub stop_accepting: CancellationToken,
+    /// Cancelled when the shutdown grace period is over: every session closes now.
+    pub terminate_sessions: CancellationToken,
+    clients: AtomicUsize,
+}
+
+impl Shared {
+    /// Builds the state for a validated configuration; fails on unreadable TLS or auth files.
+    pub fn new(config: Config) -> Result<Arc<Shared>, String> {
+        let userlist = Userlist::load_for(&config)?;
+        let client_tls = ClientTls::from_config(&config)?;
+        let upstream_tls = UpstreamTls::from_url(&config.upstream)?;
+        Ok(Arc::new(Shared {
+            config: ArcSwap::from_pointee(config),
+            userlist: ArcSwap::from_pointee(userlist),
+            client_tls: ArcSwap::from_pointee(client_tls),
+            upstream_tls,
+            pools: Pools::default(),
+            cancels: CancelRegistry::default(),
+            stats: Stats::default(),
+            sessions: TaskTracker::new(),
+            stop_accepting: CancellationToken::new(),
+            terminate_sessions: CancellationToken::new(),
+            clients: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The configuration now in force (cheap: an atomic load).
+    pub fn config(&self) -> arc_swap::Guard<Arc<Config>> {
+        self.config.load()
+    }
+
+    /// The userlist now in force.
+    pub fn userlist(&self) -> Arc<Userlist> {
+        self.userlist.load_full()
+    }
+
+    /// The TLS acceptor for clients, if a certificate is configured.
+    pub fn client_tls(&self) -> Arc<Option<ClientTls>> {
+        self.client_tls.load_full()
+    }
+
+    /// Applies a reloaded configuration. Settings that need a restart keep their old value and
+    /// are named in a warning.
+    pub fn reload(&self, mut new: Config) -> Result<(), String> {
+        let old = self.config.load_full();
+        let mut kept = Vec::new();
+        if new.listen != old.listen {
+            kept.push("listen");
+            new.listen = old.listen;
+        }
+        if new.upstream != old.upstream {
+            kept.push("upstream");
+            new.upstream = old.upstream.clone();
+        }
+        if new.pool_mode != old.pool_mode {
+            kept.push("pool_mode");
+            new.pool_mode = old.pool_mode;
+        }
+        if new.shutdown_timeout != old.shutdown_timeout {
+            kept.push("shutdown_timeout");
+            new.shutdown_timeout = old.shutdown_timeout;
+        }
+        let userlist = Userlist::load_for(&new)?;
+        let client_tls = ClientTls::from_config(&new)?;
+        if !kept.is_empty() {
+            tracing::warn!(settings = ?kept, "these settings need a restart; keeping the running values");
+        }
+        self.userlist.store(Arc::new(userlist));
+        self.client_tls.store(Arc::new(client_tls));
+        self.config.store(Arc::new(new));
+        tracing::info!("configuration reloaded");
+        Ok(())
+    }
+
+    /// Counts a new client against `max_client_conn`; `None` means the limit is reached.
+    pub fn admit_client(self: &Arc<Self>) -> Option<ClientSlot> {
+        let max = self.config().max_client_conn;
+        let prev = self.clients.fetch_add(1, Ordering::AcqRel);
+        if prev >= max {
+            self.clients.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(ClientSlot {
+            shared: self.clone(),
+        })
+    }
+
+    /// Clients connected now.
+    pub fn client_count(&self) -> usize {
+        self.clients.load(Ordering::Acquire)
+    }
+}
+
+/// One admitted client; releases its place on drop.
+pub struct ClientSlot {
+    shared: Arc<Shared>,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        self.shared.clients.fetch_sub(1, Ordering::AcqRel);
+    }
+}

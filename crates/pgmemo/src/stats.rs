@@ -1,0 +1,26 @@
+//! Process-wide counters (atomics, never locks), read by the admin console and the metrics
+//! endpoint.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters pgmemo keeps about its clients and servers.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub clients_accepted: AtomicU64,
+    pub clients_rejected: AtomicU64,
+    pub login_failures: AtomicU64,
+    pub server_connects: AtomicU64,
+    pub server_connect_failures: AtomicU64,
+    pub server_resets: AtomicU64,
+    pub servers_closed_dirty: AtomicU64,
+    pub pool_wait_timeouts: AtomicU64,
+    pub cancel_requests: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}
+
+impl Stats {
+    /// Adds one to a counter.
+    pub fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
