@@ -1,1 +1,28 @@
-pub fn x(){}
+//! testkit: dev-only helpers for pgmemo's integration tests. Not part of the query path; it
+//! builds the world around it: a real PostgreSQL behind pgmemo, pgmemo itself, and clients.
+//!
+//! - [`TempPostgres`]: a throwaway cluster (initdb, free port, custom postgresql.conf and
+//!   pg_hba.conf lines, stop/start, immediate shutdown and cleanup on drop).
+//! - [`LocalPostgres`] / [`local_url`]: the shared server preinstalled on 127.0.0.1:5432.
+//! - [`spawn_pgmemo`] / [`PgmemoInstance`]: pgmemo inside the test process;
+//!   [`PgmemoProcess`]: the pgmemo binary as a child process.
+//! - [`eventually`]: polling with a deadline, the only way tests wait.
+//! - [`free_port`]: a port nobody listens on, distinct for parallel tests.
+//!
+//! Everything is per-instance (own directory, own port), so tests can run in parallel.
+
+#![warn(missing_docs)]
+
+mod client;
+mod eventually;
+mod pgmemo;
+mod ports;
+mod postgres;
+mod procfs;
+
+pub use client::{connect, url, url_with_password};
+pub use eventually::{assert_eventually, eventually, eventually_some, POLL_INTERVAL};
+pub use pgmemo::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, PgmemoProcess};
+pub use ports::free_port;
+pub use postgres::{local_url, pg_bin, LocalPostgres, TempPostgres, TempPostgresBuilder};
+pub use procfs::pid_alive;

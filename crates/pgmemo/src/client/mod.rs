@@ -76,7 +76,7 @@ impl ClientError {
                 Some(e)
             }
             ClientError::Pool(PoolError::WaitTimeout(_)) => Some(ErrorResponse::fatal(
-                sqlstate::CONNECTION_FAILURE,
+                sqlstate::TOO_MANY_CONNECTIONS,
                 self.to_string(),
             )),
             ClientError::Pool(PoolError::Closed) => Some(ErrorResponse::fatal(
@@ -97,16 +97,19 @@ pub async fn run(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let _ = socket.set_nodelay(true);
     let Some(_slot) = shared.admit_client() else {
         Stats::bump(&shared.stats.clients_rejected);
-        let e = ErrorResponse::fatal(
-            sqlstate::TOO_MANY_CONNECTIONS,
-            "no more connections allowed (max_client_conn)",
-        );
-        let mut socket = socket;
-        let _ = tokio::io::AsyncWriteExt::write_all(&mut socket, &e.encode()).await;
         tracing::warn!(%peer, "client refused: max_client_conn reached");
+        session::refuse(socket, peer, &shared, too_many_clients()).await;
         return;
     };
     Stats::bump(&shared.stats.clients_accepted);
     tracing::debug!(%peer, "client connected");
     session::serve(socket, peer, shared).await;
+}
+
+fn too_many_clients() -> ErrorResponse {
+    ErrorResponse::fatal(
+        sqlstate::TOO_MANY_CONNECTIONS,
+        "sorry, too many clients already",
+    )
+    .with_detail("pgmemo's max_client_conn is reached.")
 }

@@ -269,12 +269,12 @@ where
                                 st.pending.store(left, Ordering::Relaxed);
                                 became_idle = left == 0;
                             }
-                            (b'E', Some(f)) => {
-                                if ErrorResponse::parse(&f[5..]).is_ok_and(|e| e.is_fatal()) {
-                                    st.server_fatal.store(true, Ordering::Relaxed);
-                                }
-                            }
-                            _ => {}
+                            (b'E', Some(f))
+                            if ErrorResponse::parse(&f[5..]).is_ok_and(|e| e.is_fatal()) =>
+                        {
+                            st.server_fatal.store(true, Ordering::Relaxed);
+                        }
+                        _ => {}
                         }
                         Verdict::Forward
                     },
