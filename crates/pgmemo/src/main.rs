@@ -1,1 +1,220 @@
-fn main(){}
+//! The `pgmemo` binary: before the query path starts. It parses the command line, loads the
+//! configuration (`pgmemo::config`), sets up logging, starts the proxy (`pgmemo::server`) and
+//! turns Unix signals into reloads (SIGHUP) and a graceful shutdown (SIGTERM, SIGINT).
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use pgmemo::config::{self, ConfigSources, UpstreamUrl};
+use pgmemo::{Pgmemo, PgmemoHandle};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Registry};
+
+/// When set, this log filter wins over `log_level` (also across reloads), like `RUST_LOG`.
+const LOG_ENV: &str = "PGMEMO_LOG";
+
+/// Exit status when pgmemo cannot start.
+const EXIT_STARTUP: u8 = 2;
+
+/// Command-line flags. Each flag given overrides the same key from the file and from
+/// `PGMEMO_<KEY>` variables; see docs/configuration.md for every setting.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pgmemo",
+    version,
+    about = "PostgreSQL connection pooler and query cache"
+)]
+struct Cli {
+    /// TOML configuration file.
+    #[arg(long, env = "PGMEMO_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address clients connect to [default: 127.0.0.1:6432].
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// PostgreSQL server, postgres://[USER[:PASSWORD]@]HOST[:PORT][/DB][?sslmode=..]
+    /// [default: postgres://127.0.0.1:5432].
+    #[arg(long, value_name = "URL", value_parser = parse_upstream)]
+    upstream: Option<String>,
+    /// How server connections are shared [default: session].
+    #[arg(long, value_name = "MODE", value_parser = ["session", "transaction"])]
+    pool_mode: Option<String>,
+    /// Server connections per (database, user) [default: 20].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pool_size: Option<u32>,
+    /// How clients authenticate [default: upstream].
+    #[arg(long, value_name = "TYPE", value_parser = ["upstream", "trust", "md5", "scram-sha-256"])]
+    auth_type: Option<String>,
+    /// Userlist file (`"user" "secret"` per line).
+    #[arg(long, value_name = "FILE")]
+    auth_file: Option<PathBuf>,
+    /// Log filter such as `info` or `pgmemo=debug` [default: info].
+    #[arg(long, value_name = "FILTER")]
+    log_level: Option<String>,
+    /// Validate the configuration, print it as TOML (passwords masked) and exit: 0 if valid,
+    /// 1 if not.
+    #[arg(long)]
+    check: bool,
+}
+
+impl Cli {
+    /// The flags that were given, as configuration keys (the highest-precedence source).
+    fn overrides(&self) -> toml::Table {
+        let mut t = toml::Table::new();
+        let mut set = |key: &str, value: Option<toml::Value>| {
+            if let Some(v) = value {
+                t.insert(key.to_owned(), v);
+            }
+        };
+        set("listen", self.listen.map(|a| a.to_string().into()));
+        set("upstream", self.upstream.clone().map(Into::into));
+        set("pool_mode", self.pool_mode.clone().map(Into::into));
+        set("pool_size", self.pool_size.map(|n| i64::from(n).into()));
+        set("auth_type", self.auth_type.clone().map(Into::into));
+        set(
+            "auth_file",
+            self.auth_file
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned().into()),
+        );
+        set("log_level", self.log_level.clone().map(Into::into));
+        t
+    }
+}
+
+/// Rejects a malformed `--upstream` at the command line, with clap's usage message.
+fn parse_upstream(s: &str) -> Result<String, String> {
+    UpstreamUrl::parse(s).map(|_| s.to_owned())
+}
+
+/// Swaps the log filter on SIGHUP.
+type LogHandle = reload::Handle<EnvFilter, Registry>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let sources = ConfigSources::from_process(cli.config.clone(), cli.overrides());
+    if cli.check {
+        return check(&sources);
+    }
+    match run(sources).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pgmemo: {e:#}");
+            ExitCode::from(EXIT_STARTUP)
+        }
+    }
+}
+
+/// `--check`: load and validate, print the result.
+fn check(sources: &ConfigSources) -> ExitCode {
+    match config::load(sources) {
+        Ok(config) => {
+            print!("{}", config.to_toml_redacted());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pgmemo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Starts pgmemo and serves until a shutdown signal. Errors before serving are startup errors.
+async fn run(sources: ConfigSources) -> Result<()> {
+    let config = config::load(&sources).map_err(flat)?;
+    let log = init_logging(&config.log_level)?;
+    let mut hup = listen_for(SignalKind::hangup())?;
+    let mut term = listen_for(SignalKind::terminate())?;
+    let mut int = listen_for(SignalKind::interrupt())?;
+    let handle = Pgmemo::start(config).await.map_err(flat)?;
+    let stop = handle.stop_token();
+    loop {
+        tokio::select! {
+            _ = hup.recv() => reload(&sources, &handle, &log),
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = stop.cancelled() => { tracing::info!("shutdown requested"); break; }
+        }
+    }
+    tokio::select! {
+        _ = handle.shutdown() => Ok(()),
+        _ = term.recv() => force_exit(),
+        _ = int.recv() => force_exit(),
+    }
+}
+
+/// Our error enums already include their cause in their message; keep `{:#}` from repeating it.
+fn flat(e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+/// A second SIGTERM/SIGINT during a graceful shutdown: stop waiting for sessions.
+fn force_exit() -> ! {
+    tracing::warn!("second signal during shutdown: exiting now");
+    std::process::exit(1)
+}
+
+fn listen_for(kind: SignalKind) -> Result<Signal> {
+    signal(kind)
+        .with_context(|| format!("cannot install handler for signal {}", kind.as_raw_value()))
+}
+
+/// SIGHUP: load the same sources again; a bad configuration is logged and the running one kept.
+fn reload(sources: &ConfigSources, handle: &PgmemoHandle, log: &LogHandle) {
+    tracing::info!("SIGHUP: reloading configuration");
+    let new = match config::load(sources) {
+        Ok(new) => new,
+        Err(e) => {
+            tracing::error!("keeping the running configuration: {e}");
+            return;
+        }
+    };
+    let level = new.log_level.clone();
+    if let Err(e) = handle.reload(new) {
+        tracing::error!("keeping the running configuration: {e}");
+        return;
+    }
+    if log_env().is_none() {
+        match EnvFilter::try_new(&level) {
+            Ok(filter) => {
+                if let Err(e) = log.reload(filter) {
+                    tracing::error!("cannot change the log filter: {e}");
+                }
+            }
+            Err(e) => tracing::error!("log_level {level:?}: {e}"),
+        }
+    }
+}
+
+/// The `PGMEMO_LOG` filter, if set and non-empty.
+fn log_env() -> Option<String> {
+    std::env::var(LOG_ENV).ok().filter(|s| !s.trim().is_empty())
+}
+
+/// Installs the global subscriber with a filter that SIGHUP can replace.
+fn init_logging(log_level: &str) -> Result<LogHandle> {
+    let filter = match log_env() {
+        Some(spec) => {
+            EnvFilter::try_new(&spec).with_context(|| format!("invalid {LOG_ENV}={spec:?}"))?
+        }
+        None => EnvFilter::try_new(log_level)
+            .with_context(|| format!("invalid log_level {log_level:?}"))?,
+    };
+    let (filter, handle) = reload::Layer::new(filter);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal()),
+        )
+        .try_init()
+        .context("cannot initialise logging")?;
+    Ok(handle)
+}

@@ -17,6 +17,7 @@ use super::ClientConn;
 use crate::net::MaybeTls;
 use crate::pool::{ReleaseState, ServerConn};
 use crate::shared::Shared;
+use tokio_util::sync::CancellationToken;
 
 /// Read buffers grow to at least this much free space before a read.
 const READ_CHUNK: usize = 32 * 1024;
@@ -270,11 +271,11 @@ where
                                 became_idle = left == 0;
                             }
                             (b'E', Some(f))
-                            if ErrorResponse::parse(&f[5..]).is_ok_and(|e| e.is_fatal()) =>
-                        {
-                            st.server_fatal.store(true, Ordering::Relaxed);
-                        }
-                        _ => {}
+                                if ErrorResponse::parse(&f[5..]).is_ok_and(|e| e.is_fatal()) =>
+                            {
+                                st.server_fatal.store(true, Ordering::Relaxed);
+                            }
+                            _ => {}
                         }
                         Verdict::Forward
                     },
@@ -303,9 +304,15 @@ where
 
 /// Completes once pgmemo is shutting down and the session sits between transactions, or at
 /// once when the shutdown grace period is over.
+///
+/// The tokens are per-session children of the process-wide ones: every wake-up of the session
+/// polls them, and polling a token takes its lock, so sharing one token between sessions would
+/// serialize all clients on it.
 async fn shutdown_when_idle(st: &RelayState, shared: &Shared) {
+    let stop: CancellationToken = shared.stop_accepting.child_token();
+    let terminate: CancellationToken = shared.terminate_sessions.child_token();
     let idle_between_transactions = async {
-        shared.stop_accepting.cancelled().await;
+        stop.cancelled().await;
         st.watch_idle.store(true, Ordering::Relaxed);
         loop {
             let notified = st.idle.notified();
@@ -318,7 +325,7 @@ async fn shutdown_when_idle(st: &RelayState, shared: &Shared) {
         }
     };
     tokio::select! {
-        _ = shared.terminate_sessions.cancelled() => {}
+        _ = terminate.cancelled() => {}
         _ = idle_between_transactions => {}
     }
 }
