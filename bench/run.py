@@ -185,7 +185,7 @@ def pgmemo_binary():
     return target_dir / "release" / "pgmemo"
 
 
-def start_pgmemo(binary, pool_size, pool_mode, workdir):
+def start_pgmemo(binary, pool_size, pool_mode, workdir, workers):
     port = free_port()
     logfile = workdir / "pgmemo.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGMEMO_")}
@@ -193,7 +193,8 @@ def start_pgmemo(binary, pool_size, pool_mode, workdir):
     env["PGMEMO_SERVER_IDLE_TIMEOUT"] = f"{SERVER_IDLE_TIMEOUT_S}s"
     cmd = [str(binary), "--listen", f"127.0.0.1:{port}",
            "--upstream", f"postgres://{PG_HOST}:{PG_PORT}",
-           "--pool-mode", pool_mode, "--pool-size", str(pool_size), "--log-level", "warn"]
+           "--pool-mode", pool_mode, "--pool-size", str(pool_size), "--log-level", "warn",
+           "--worker-threads", str(workers)]
     with open(logfile, "wb") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env, cwd=workdir, start_new_session=True)
@@ -407,6 +408,9 @@ def parse_args():
     p.add_argument("--pool-mode", choices=("session", "transaction"), default="session",
                    help="pool mode of both proxies")
     p.add_argument("--no-build", action="store_true", help="use the existing target/release/pgmemo")
+    p.add_argument("--pgmemo-workers", type=int, default=1,
+                   help="pgmemo --worker-threads (default 1, like PgBouncer's single thread; "
+                        "0 = one per core)")
     a = p.parse_args()
     if a.rounds < 1 or a.duration < 1 or a.scale < 1:
         p.error("--rounds, --duration and --scale must be ≥ 1")
@@ -471,7 +475,8 @@ def main():
     proxies = {}
     try:
         if "pgmemo" in targets:
-            proxies["pgmemo"] = start_pgmemo(binary, max_clients, args.pool_mode, workdir)
+            proxies["pgmemo"] = start_pgmemo(binary, max_clients, args.pool_mode, workdir,
+                                             args.pgmemo_workers)
         if "pgbouncer" in targets:
             proxies["pgbouncer"] = start_pgbouncer(pgbouncer_bin, max_clients, args.pool_mode, workdir)
         for p in proxies.values():

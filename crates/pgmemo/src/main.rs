@@ -53,6 +53,9 @@ struct Cli {
     /// Userlist file (`"user" "secret"` per line).
     #[arg(long, value_name = "FILE")]
     auth_file: Option<PathBuf>,
+    /// Threads serving clients, 0 = one per CPU core [default: 0].
+    #[arg(long, value_name = "N")]
+    worker_threads: Option<u32>,
     /// Log filter such as `info` or `pgmemo=debug` [default: info].
     #[arg(long, value_name = "FILTER")]
     log_level: Option<String>,
@@ -83,6 +86,10 @@ impl Cli {
                 .map(|p| p.to_string_lossy().into_owned().into()),
         );
         set("log_level", self.log_level.clone().map(Into::into));
+        set(
+            "worker_threads",
+            self.worker_threads.map(|n| i64::from(n).into()),
+        );
         t
     }
 }
@@ -95,20 +102,38 @@ fn parse_upstream(s: &str) -> Result<String, String> {
 /// Swaps the log filter on SIGHUP.
 type LogHandle = reload::Handle<EnvFilter, Registry>;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let sources = ConfigSources::from_process(cli.config.clone(), cli.overrides());
     if cli.check {
         return check(&sources);
     }
-    match run(sources).await {
+    let started = config::load(&sources)
+        .map_err(flat)
+        .and_then(|config| Ok((runtime(config.worker_threads)?, config)))
+        .and_then(|(rt, config)| rt.block_on(run(sources, config)));
+    match started {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pgmemo: {e:#}");
             ExitCode::from(EXIT_STARTUP)
         }
     }
+}
+
+/// The tokio runtime: `worker_threads` threads (one per core when 0). Every client is a task;
+/// fewer threads than cores cost less CPU per message when pgmemo shares the machine with its
+/// clients or the server, more scale further.
+fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder
+        .enable_all()
+        .thread_name("pgmemo-worker")
+        .build()
+        .context("cannot start the tokio runtime")
 }
 
 /// `--check`: load and validate, print the result.
@@ -126,8 +151,7 @@ fn check(sources: &ConfigSources) -> ExitCode {
 }
 
 /// Starts pgmemo and serves until a shutdown signal. Errors before serving are startup errors.
-async fn run(sources: ConfigSources) -> Result<()> {
-    let config = config::load(&sources).map_err(flat)?;
+async fn run(sources: ConfigSources, config: pgmemo::Config) -> Result<()> {
     let log = init_logging(&config.log_level)?;
     let mut hup = listen_for(SignalKind::hangup())?;
     let mut term = listen_for(SignalKind::terminate())?;

@@ -19,6 +19,7 @@ const NON_CONFIG_ENV: &[&str] = &["PGMEMO_CONFIG", "PGMEMO_LOG"];
 /// Top-level keys of [`Config`]; a test keeps this list in step with the struct.
 const KEYS: &[&str] = &[
     "listen",
+    "worker_threads",
     "upstream",
     "pool_mode",
     "pool_size",

@@ -127,6 +127,8 @@ pub struct Config {
     pub log_level: String,
     /// Name mappings for databases clients ask for. Runtime.
     pub databases: BTreeMap<String, DatabaseConfig>,
+    /// Threads serving clients; 0 means one per CPU core. Restart.
+    pub worker_threads: usize,
 }
 
 impl Default for Config {
@@ -154,6 +156,7 @@ impl Default for Config {
             client_tls_sslmode: ClientTlsMode::Prefer,
             log_level: "info".to_owned(),
             databases: BTreeMap::new(),
+            worker_threads: 0,
         }
     }
 }
