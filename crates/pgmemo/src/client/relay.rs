@@ -193,6 +193,10 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut scanner = Scanner::default();
+    // Syncs sent since the last Execute/Query. The server ignores Sync in copy-in mode, so the
+    // ones between a COPY's Execute and its CopyDone/CopyFail get no ReadyForQuery (libpq and
+    // tokio-postgres send Sync right after the Execute and again after CopyDone).
+    let mut syncs_since_request: u32 = 0;
     loop {
         if !buf.is_empty() {
             let scanned = scanner
@@ -204,14 +208,28 @@ where
                         b'X' => Verdict::StopBefore,
                         b'Q' | b'F' => {
                             st.pending.fetch_add(1, Ordering::Relaxed);
+                            syncs_since_request = 0;
                             Verdict::Forward
                         }
                         b'S' => {
                             st.pending.fetch_add(1, Ordering::Relaxed);
                             st.unsynced.store(false, Ordering::Relaxed);
+                            syncs_since_request += 1;
+                            Verdict::Forward
+                        }
+                        b'c' | b'f' => {
+                            let ignored = std::mem::take(&mut syncs_since_request);
+                            let _ = st.pending.fetch_update(
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                                |p| Some(p.saturating_sub(ignored)),
+                            );
                             Verdict::Forward
                         }
                         b'P' | b'B' | b'D' | b'E' | b'C' => {
+                            if tag == b'E' {
+                                syncs_since_request = 0;
+                            }
                             st.unsynced.store(true, Ordering::Relaxed);
                             Verdict::Forward
                         }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use toml::{Table, Value};
 
-use super::{AuthType, ClientTlsMode, Config};
+use super::{AuthType, ClientTlsMode, Config, PoolMode};
 
 /// Prefix of the environment variables that set configuration keys.
 const ENV_PREFIX: &str = "PGMEMO_";
@@ -247,6 +247,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     };
     require(config.pool_size >= 1, "pool_size must be at least 1".into());
     require(
+        config.pool_mode == PoolMode::Session,
+        "pool_mode = \"transaction\" is not available yet: it needs prepared-statement and \
+         session-setting tracking to be safe; use \"session\""
+            .into(),
+    );
+    require(
         config.max_client_conn >= 1,
         "max_client_conn must be at least 1".into(),
     );
@@ -448,6 +454,12 @@ mod tests {
     }
 
     #[test]
+    fn transaction_pooling_is_refused_until_it_is_safe() {
+        let err = load(&sources(None, &[("PGMEMO_POOL_MODE", "transaction")], "")).unwrap_err();
+        assert!(err.to_string().contains("pool_mode"), "{err}");
+    }
+
+    #[test]
     fn env_values_are_typed_by_key() {
         let env = [
             ("PGMEMO_POOL_SIZE", "12"),
@@ -455,7 +467,7 @@ mod tests {
             ("PGMEMO_QUERY_WAIT_TIMEOUT", "30s"),
             ("PGMEMO_SERVER_LIFETIME", "90"),
             ("PGMEMO_MAX_MESSAGE_SIZE", "1MB"),
-            ("PGMEMO_POOL_MODE", "transaction"),
+            ("PGMEMO_POOL_MODE", "session"),
             ("PGMEMO_UPSTREAM", "postgres://db:5433/app"),
             (
                 "PGMEMO_DATABASES",
@@ -468,7 +480,7 @@ mod tests {
         assert_eq!(c.query_wait_timeout, Seconds(Duration::from_secs(30)));
         assert_eq!(c.server_lifetime, Seconds(Duration::from_secs(90)));
         assert_eq!(c.max_message_size, ByteSize(1 << 20));
-        assert_eq!(c.pool_mode, PoolMode::Transaction);
+        assert_eq!(c.pool_mode, PoolMode::Session);
         assert_eq!((c.upstream.host.as_str(), c.upstream.port), ("db", 5433));
         assert_eq!(c.pool_size_for("app"), 3);
     }

@@ -1,0 +1,747 @@
+//! pgmemo facing clients that do not follow the protocol, talked to with hand-written bytes on
+//! a raw TCP socket: garbage and oversized startup packets, unsupported versions and requests,
+//! invalid and oversized messages after login, truncated messages, silent clients, too many
+//! clients, and Terminate. pgmemo must answer as PostgreSQL does (a FATAL error with the right
+//! SQLSTATE, then close), never leak a server connection, and keep serving everyone else.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::BytesMut;
+use testkit::{
+    assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo, LocalPostgres,
+    PgmemoInstance,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use wire::backend::{Authentication, BackendMessage, TransactionStatus};
+use wire::startup::StartupMessage;
+use wire::{frontend, ErrorResponse, Frame};
+
+const USER: &str = "postgres";
+const DB: &str = "test";
+/// How long any single expected answer may take.
+const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+/// Upper bound for any single test; a hang fails instead of blocking the suite.
+const TEST_DEADLINE: Duration = Duration::from_secs(60);
+
+async fn within<T>(fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TEST_DEADLINE, fut)
+        .await
+        .expect("test did not finish in time")
+}
+
+fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn pgmemo_with(change: impl FnOnce(&mut pgmemo::Config)) -> PgmemoInstance {
+    let mut config = pgmemo_config_for(LocalPostgres::PORT);
+    change(&mut config);
+    spawn_pgmemo(config).await.expect("pgmemo starts")
+}
+
+async fn pgmemo() -> PgmemoInstance {
+    pgmemo_with(|_| {}).await
+}
+
+/// A StartupMessage for protocol 3.`minor` with the given parameters.
+fn startup(minor: u16, params: &[(&str, &str)]) -> Vec<u8> {
+    let mut raw = StartupMessage::encode(params.iter().copied()).to_vec();
+    raw[4..8].copy_from_slice(&((3u32 << 16) | u32::from(minor)).to_be_bytes());
+    raw
+}
+
+fn login_params() -> Vec<(&'static str, &'static str)> {
+    vec![("user", USER), ("database", DB)]
+}
+
+/// An 8-byte request packet (SSLRequest, GSSENCRequest) or any other bare protocol code.
+fn request_code(code: u32) -> Vec<u8> {
+    let mut raw = 8u32.to_be_bytes().to_vec();
+    raw.extend_from_slice(&code.to_be_bytes());
+    raw
+}
+
+const SSL_REQUEST: u32 = 80877103;
+const GSSENC_REQUEST: u32 = 80877104;
+
+/// A client socket speaking raw protocol bytes.
+struct Raw {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl Raw {
+    async fn connect(addr: SocketAddr) -> Raw {
+        let stream = TcpStream::connect(addr).await.expect("connect to pgmemo");
+        stream.set_nodelay(true).unwrap();
+        Raw {
+            stream,
+            buf: BytesMut::with_capacity(8192),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write to pgmemo");
+    }
+
+    /// Reads more bytes; 0 means the peer closed (a reset counts as closed).
+    async fn fill(&mut self) -> usize {
+        match tokio::time::timeout(ANSWER_DEADLINE, self.stream.read_buf(&mut self.buf)).await {
+            Err(_) => panic!("no answer from pgmemo within {ANSWER_DEADLINE:?}"),
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => 0,
+            Ok(Err(e)) => panic!("read from pgmemo failed: {e}"),
+        }
+    }
+
+    /// The next message, or `None` if the connection closed first.
+    async fn recv(&mut self) -> Option<BackendMessage> {
+        loop {
+            if let Some(frame) = Frame::decode(&mut self.buf, 1 << 30).expect("valid framing") {
+                return Some(BackendMessage::decode(frame).expect("valid backend message"));
+            }
+            if self.fill().await == 0 {
+                assert!(self.buf.is_empty(), "connection closed mid-message");
+                return None;
+            }
+        }
+    }
+
+    /// The next message, which must exist.
+    async fn expect_message(&mut self) -> BackendMessage {
+        self.recv()
+            .await
+            .expect("pgmemo closed the connection instead of answering")
+    }
+
+    /// The single-byte answer to SSLRequest/GSSENCRequest.
+    async fn recv_byte(&mut self) -> u8 {
+        while self.buf.is_empty() {
+            assert!(self.fill().await > 0, "closed instead of answering");
+        }
+        let b = self.buf[0];
+        let _ = self.buf.split_to(1);
+        b
+    }
+
+    /// Asserts the connection is closed without any further message.
+    async fn expect_closed(&mut self) {
+        if let Some(m) = self.recv().await {
+            panic!("expected the connection to close, got {m:?}");
+        }
+    }
+
+    /// Asserts a FATAL ErrorResponse with `code` followed by the end of the connection.
+    async fn expect_fatal(&mut self, code: &str) -> ErrorResponse {
+        let e = match self.expect_message().await {
+            BackendMessage::ErrorResponse(e) => e,
+            other => panic!("expected FATAL {code}, got {other:?}"),
+        };
+        assert_eq!(e.severity, "FATAL", "{e}");
+        assert_eq!(e.code, code, "{e}");
+        self.expect_closed().await;
+        e
+    }
+
+    /// Reads the rest of a successful login (after any NegotiateProtocolVersion): everything up
+    /// to ReadyForQuery. Returns the messages received.
+    async fn finish_login(&mut self) -> Vec<BackendMessage> {
+        let mut got = Vec::new();
+        loop {
+            let m = self.expect_message().await;
+            if let BackendMessage::ErrorResponse(e) = &m {
+                panic!("login failed: {e}");
+            }
+            let done = matches!(m, BackendMessage::ReadyForQuery(_));
+            got.push(m);
+            if done {
+                break;
+            }
+        }
+        assert!(
+            matches!(
+                got.first(),
+                Some(BackendMessage::Authentication(Authentication::Ok))
+            ),
+            "login starts with AuthenticationOk: {got:?}"
+        );
+        assert!(got
+            .iter()
+            .any(|m| matches!(m, BackendMessage::BackendKeyData(_))));
+        assert!(matches!(
+            got.last(),
+            Some(BackendMessage::ReadyForQuery(TransactionStatus::Idle))
+        ));
+        got
+    }
+
+    /// Connects and logs in as `postgres` to `test` with protocol 3.0.
+    async fn login(addr: SocketAddr) -> Raw {
+        let mut raw = Raw::connect(addr).await;
+        raw.send(&startup(0, &login_params())).await;
+        raw.finish_login().await;
+        raw
+    }
+
+    /// Runs a simple query; returns the first column of every DataRow (as text) and the final
+    /// transaction status. Panics on an ErrorResponse.
+    async fn query(&mut self, sql: &str) -> (Vec<Option<String>>, TransactionStatus) {
+        self.send(&frontend::query(sql)).await;
+        let mut values = Vec::new();
+        loop {
+            match self.expect_message().await {
+                BackendMessage::ReadyForQuery(status) => return (values, status),
+                BackendMessage::ErrorResponse(e) => panic!("query {sql:?} failed: {e}"),
+                BackendMessage::Other(f) if f.tag() == b'D' => values.push(first_column(f.body())),
+                _ => {}
+            }
+        }
+    }
+
+    /// A one-value query's value.
+    async fn query_value(&mut self, sql: &str) -> String {
+        let (values, _) = self.query(sql).await;
+        assert_eq!(values.len(), 1, "{sql}");
+        values.into_iter().next().unwrap().expect("not NULL")
+    }
+}
+
+/// The first column of a DataRow body, as text.
+fn first_column(body: &[u8]) -> Option<String> {
+    let ncols = i16::from_be_bytes([body[0], body[1]]);
+    assert!(ncols >= 1);
+    let len = i32::from_be_bytes([body[2], body[3], body[4], body[5]]);
+    (len >= 0).then(|| String::from_utf8(body[6..6 + len as usize].to_vec()).unwrap())
+}
+
+/// A tokio-postgres client through pgmemo can run a query: pgmemo still serves others.
+async fn serves_others(pg: &PgmemoInstance) {
+    let client = pg.client(USER, DB).await;
+    let v: i32 = client.query_one("SELECT 7", &[]).await.unwrap().get(0);
+    assert_eq!(v, 7);
+}
+
+/// Whether a backend with this PID still exists on the server.
+async fn backend_alive(pid: i32) -> bool {
+    let direct = LocalPostgres.client(USER, DB).await;
+    direct
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 1
+}
+
+#[tokio::test]
+async fn garbage_instead_of_startup_packet() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(b"GET / HTTP/1.1\r\n\r\n").await;
+        let e = raw.expect_fatal("08P01").await;
+        assert!(e.message.contains("startup packet"), "{e}");
+        assert!(
+            pg.handle()
+                .shared()
+                .stats
+                .protocol_errors
+                .load(Ordering::Relaxed)
+                >= 1
+        );
+        serves_others(&pg).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn startup_packet_too_long() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        // Claims 20000 bytes (PostgreSQL's limit is 10000); only the header is sent, so pgmemo
+        // must refuse on the length alone rather than wait for (or buffer) the body.
+        let mut packet = 20_000u32.to_be_bytes().to_vec();
+        packet.extend_from_slice(&(3u32 << 16).to_be_bytes());
+        raw.send(&packet).await;
+        let e = raw.expect_fatal("08P01").await;
+        assert!(e.message.contains("length"), "{e}");
+
+        // Lengths below the minimum are refused too.
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(&4u32.to_be_bytes()).await;
+        raw.expect_fatal("08P01").await;
+        serves_others(&pg).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn protocol_2_is_refused() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        let mut packet = startup(0, &login_params());
+        packet[4..8].copy_from_slice(&(2u32 << 16).to_be_bytes());
+        raw.send(&packet).await;
+        let e = raw.expect_fatal("0A000").await;
+        assert!(
+            e.message.contains("unsupported frontend protocol 2.0"),
+            "{e}"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn newer_minor_version_and_protocol_options_are_negotiated() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        let mut params = login_params();
+        params.push(("_pq_.foo", "bar"));
+        raw.send(&startup(5, &params)).await;
+        match raw.expect_message().await {
+            BackendMessage::NegotiateProtocolVersion {
+                minor,
+                unrecognized,
+            } => {
+                assert_eq!(minor, 0);
+                assert_eq!(unrecognized, vec!["_pq_.foo".to_owned()]);
+            }
+            other => panic!("expected NegotiateProtocolVersion, got {other:?}"),
+        }
+        let login = raw.finish_login().await;
+        assert!(login.iter().any(|m| matches!(
+            m,
+            BackendMessage::ParameterStatus { name, .. } if name == "server_version"
+        )));
+        assert_eq!(raw.query_value("SELECT 1 + 1").await, "2");
+
+        // 3.0 without protocol options gets no NegotiateProtocolVersion.
+        let mut plain = Raw::connect(pg.addr()).await;
+        plain.send(&startup(0, &login_params())).await;
+        plain.finish_login().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn ssl_request_without_tls_is_declined_then_startup_works() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(&request_code(SSL_REQUEST)).await;
+        assert_eq!(raw.recv_byte().await, b'N');
+        raw.send(&startup(0, &login_params())).await;
+        raw.finish_login().await;
+        assert_eq!(raw.query_value("SELECT 'after ssl'").await, "after ssl");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn gssenc_request_is_declined_then_startup_works() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(&request_code(GSSENC_REQUEST)).await;
+        assert_eq!(raw.recv_byte().await, b'N');
+        // libpq then tries SSL, then the plain startup.
+        raw.send(&request_code(SSL_REQUEST)).await;
+        assert_eq!(raw.recv_byte().await, b'N');
+        raw.send(&startup(0, &login_params())).await;
+        raw.finish_login().await;
+        assert_eq!(raw.query_value("SELECT 'after gss'").await, "after gss");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn replication_connections_are_refused() {
+    within(async {
+        let pg = pgmemo().await;
+        for value in ["database", "true"] {
+            let mut raw = Raw::connect(pg.addr()).await;
+            let mut params = login_params();
+            params.push(("replication", value));
+            raw.send(&startup(0, &params)).await;
+            let e = raw.expect_fatal("0A000").await;
+            assert!(e.message.contains("replication"), "{e}");
+        }
+        // replication=false is an ordinary session.
+        let mut raw = Raw::connect(pg.addr()).await;
+        let mut params = login_params();
+        params.push(("replication", "false"));
+        raw.send(&startup(0, &params)).await;
+        raw.finish_login().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn missing_user_is_refused() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(&startup(0, &[("database", DB)])).await;
+        let e = raw.expect_fatal("28000").await;
+        assert!(e.message.contains("user"), "{e}");
+
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(&startup(0, &[("user", ""), ("database", DB)]))
+            .await;
+        raw.expect_fatal("28000").await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn message_length_below_four_after_login() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::login(pg.addr()).await;
+        assert_eq!(raw.query_value("SELECT 'ok'").await, "ok");
+        raw.send(b"Q\0\0\0\x02").await;
+        let e = raw.expect_fatal("08P01").await;
+        assert!(e.message.contains("length"), "{e}");
+        assert!(
+            pg.handle()
+                .shared()
+                .stats
+                .protocol_errors
+                .load(Ordering::Relaxed)
+                >= 1
+        );
+        serves_others(&pg).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn message_longer_than_max_message_size() {
+    within(async {
+        let pg = pgmemo_with(|c| c.max_message_size = pgmemo::config::ByteSize(1 << 20)).await;
+        let mut raw = Raw::login(pg.addr()).await;
+        // Just below the limit is fine.
+        let sql = format!("SELECT length('{}')", "x".repeat((1 << 20) - 100));
+        assert_eq!(raw.query_value(&sql).await, ((1 << 20) - 100).to_string());
+
+        // A Query header claiming 2 MB: refused on the header alone.
+        let mut header = vec![b'Q'];
+        header.extend_from_slice(&(2u32 << 20).to_be_bytes());
+        raw.send(&header).await;
+        let e = raw.expect_fatal("54000").await;
+        assert!(e.message.contains("max_message_size"), "{e}");
+        serves_others(&pg).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn truncated_message_then_disconnect_does_not_leak_the_server_connection() {
+    within(async {
+        let pg = pgmemo_with(|c| {
+            c.pool_size = 1;
+            c.query_wait_timeout = pgmemo::config::Seconds(Duration::from_secs(2));
+        })
+        .await;
+        let mut raw = Raw::login(pg.addr()).await;
+        let pid: i32 = raw
+            .query_value("SELECT pg_backend_pid()")
+            .await
+            .parse()
+            .unwrap();
+        // Header says 100 bytes, 6 follow, then the client vanishes.
+        raw.send(b"Q\0\0\0\x64SELECT").await;
+        drop(raw);
+
+        // The only pooled connection comes back (or is replaced): a new client is served.
+        let new_pid = eventually_some(Duration::from_secs(15), || {
+            let pg = &pg;
+            async move {
+                let c = pg.try_client(USER, DB).await.ok()?;
+                let row = c.query_one("SELECT pg_backend_pid()", &[]).await.ok()?;
+                Some(row.get::<_, i32>(0))
+            }
+        })
+        .await
+        .expect("a new client is served after the bad one left");
+        // The half-written server connection was not handed to anyone: it was closed.
+        assert_ne!(
+            new_pid, pid,
+            "a connection with a partial message was reused"
+        );
+        assert_eventually(
+            Duration::from_secs(10),
+            "the old server backend exits",
+            || async move { !backend_alive(pid).await },
+        )
+        .await;
+        assert!(
+            pg.handle()
+                .shared()
+                .stats
+                .servers_closed_dirty
+                .load(Ordering::Relaxed)
+                >= 1
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn silent_client_is_closed_after_login_timeout() {
+    within(async {
+        let pg = pgmemo_with(|c| {
+            c.client_login_timeout = pgmemo::config::Seconds(Duration::from_millis(300));
+        })
+        .await;
+        let started = Instant::now();
+        let mut silent = Raw::connect(pg.addr()).await;
+        // A client that sent half a startup packet is just as silent.
+        let mut half = Raw::connect(pg.addr()).await;
+        half.send(&startup(0, &login_params())[..6]).await;
+
+        // Others are served while the silent ones wait.
+        serves_others(&pg).await;
+
+        silent.expect_closed().await;
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(250),
+            "closed before the timeout: {elapsed:?}"
+        );
+        assert!(
+            elapsed < Duration::from_secs(3),
+            "closed too late: {elapsed:?}"
+        );
+        half.expect_closed().await;
+        assert!(started.elapsed() < Duration::from_secs(3));
+        serves_others(&pg).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn max_client_conn_refuses_the_third_client() {
+    within(async {
+        let pg = pgmemo_with(|c| c.max_client_conn = 2).await;
+        let first = pg.client(USER, DB).await;
+        let mut second = Raw::login(pg.addr()).await;
+
+        let mut third = Raw::connect(pg.addr()).await;
+        third.send(&startup(0, &login_params())).await;
+        let e = third.expect_fatal("53300").await;
+        assert!(e.message.contains("too many clients"), "{e}");
+        assert!(
+            pg.handle()
+                .shared()
+                .stats
+                .clients_rejected
+                .load(Ordering::Relaxed)
+                >= 1
+        );
+
+        // The two admitted clients are unaffected.
+        let v: i32 = first.query_one("SELECT 1", &[]).await.unwrap().get(0);
+        assert_eq!(v, 1);
+        assert_eq!(second.query_value("SELECT 2").await, "2");
+
+        // Once one leaves, there is room again.
+        second.send(&frontend::terminate()).await;
+        second.expect_closed().await;
+        let again = eventually_some(Duration::from_secs(10), || {
+            let pg = &pg;
+            async move { pg.try_client(USER, DB).await.ok() }
+        })
+        .await
+        .expect("a client is admitted after another left");
+        let v: i32 = again.query_one("SELECT 3", &[]).await.unwrap().get(0);
+        assert_eq!(v, 3);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn terminate_mid_session_closes_cleanly() {
+    within(async {
+        let pg = pgmemo_with(|c| c.pool_size = 1).await;
+        let table = unique("pm_term");
+        let mut raw = Raw::login(pg.addr()).await;
+        let pid = raw.query_value("SELECT pg_backend_pid()").await;
+        let (_, status) = raw
+            .query(&format!("BEGIN; CREATE TABLE {table} (x int)"))
+            .await;
+        assert_eq!(status, TransactionStatus::InTransaction);
+        raw.send(&frontend::terminate()).await;
+        // No error, no further message: just the end of the connection.
+        raw.expect_closed().await;
+
+        // The server connection was rolled back and reset, then handed to the next client.
+        let mut next = eventually_some(Duration::from_secs(10), || {
+            let addr = pg.addr();
+            async move {
+                let mut r = Raw::connect(addr).await;
+                r.send(&startup(0, &login_params())).await;
+                match r.recv().await? {
+                    BackendMessage::Authentication(Authentication::Ok) => {}
+                    _ => return None,
+                }
+                loop {
+                    match r.recv().await? {
+                        BackendMessage::ReadyForQuery(TransactionStatus::Idle) => return Some(r),
+                        BackendMessage::ErrorResponse(_) | BackendMessage::ReadyForQuery(_) => {
+                            return None
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        })
+        .await
+        .expect("the next client logs in");
+        assert_eq!(
+            next.query_value("SELECT pg_backend_pid()").await,
+            pid,
+            "a cleanly ended session's connection is reused"
+        );
+        let (exists, status) = next
+            .query(&format!("SELECT to_regclass('{table}') IS NOT NULL"))
+            .await;
+        assert_eq!(
+            exists,
+            vec![Some("f".to_owned())],
+            "the open transaction was committed"
+        );
+        assert_eq!(status, TransactionStatus::Idle);
+        next.send(&frontend::terminate()).await;
+        next.expect_closed().await;
+        assert_eq!(
+            pg.handle()
+                .shared()
+                .stats
+                .servers_closed_dirty
+                .load(Ordering::Relaxed),
+            0
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn malformed_startup_packets() {
+    within(async {
+        let pg = pgmemo().await;
+        // Parameters without the final terminator.
+        let mut packet = 14u32.to_be_bytes().to_vec();
+        packet.extend_from_slice(&(3u32 << 16).to_be_bytes());
+        packet.extend_from_slice(b"user\0a");
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(&packet).await;
+        raw.expect_fatal("08P01").await;
+
+        // A CancelRequest code with the wrong length.
+        let mut packet = 12u32.to_be_bytes().to_vec();
+        packet.extend_from_slice(&80877102u32.to_be_bytes());
+        packet.extend_from_slice(&[0, 0, 0, 1]);
+        let mut raw = Raw::connect(pg.addr()).await;
+        raw.send(&packet).await;
+        raw.expect_fatal("08P01").await;
+        serves_others(&pg).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn cancel_request_with_unknown_key_is_closed_silently() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        let mut packet = 16u32.to_be_bytes().to_vec();
+        packet.extend_from_slice(&80877102u32.to_be_bytes());
+        packet.extend_from_slice(&0x1234_5678u32.to_be_bytes());
+        packet.extend_from_slice(&0x0bad_cafeu32.to_be_bytes());
+        raw.send(&packet).await;
+        // PostgreSQL never answers a CancelRequest; it just closes.
+        raw.expect_closed().await;
+        assert_eq!(
+            pg.handle()
+                .shared()
+                .stats
+                .cancel_requests
+                .load(Ordering::Relaxed),
+            1
+        );
+        serves_others(&pg).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn query_sent_together_with_the_startup_packet() {
+    within(async {
+        let pg = pgmemo().await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        let mut bytes = startup(0, &login_params());
+        bytes.extend_from_slice(&frontend::query("SELECT 'eager'"));
+        raw.send(&bytes).await;
+        raw.finish_login().await;
+        let mut value = None;
+        loop {
+            match raw.expect_message().await {
+                BackendMessage::ReadyForQuery(TransactionStatus::Idle) => break,
+                BackendMessage::ErrorResponse(e) => panic!("{e}"),
+                BackendMessage::Other(f) if f.tag() == b'D' => value = first_column(f.body()),
+                _ => {}
+            }
+        }
+        assert_eq!(value.as_deref(), Some("eager"));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn unknown_message_type_after_login() {
+    within(async {
+        let pg = pgmemo_with(|c| {
+            c.pool_size = 1;
+            c.query_wait_timeout = pgmemo::config::Seconds(Duration::from_secs(2));
+        })
+        .await;
+        let mut raw = Raw::login(pg.addr()).await;
+        raw.send(b"\x01\0\0\0\x04").await;
+        // PostgreSQL's own answer, relayed.
+        let e = raw.expect_fatal("08P01").await;
+        assert!(e.message.contains("invalid frontend message type"), "{e}");
+
+        // The broken server connection is not handed out; the pool has room for a new one.
+        let v = eventually_some(Duration::from_secs(15), || {
+            let pg = &pg;
+            async move {
+                let c = pg.try_client(USER, DB).await.ok()?;
+                let row = c.query_one("SELECT 5", &[]).await.ok()?;
+                Some(row.get::<_, i32>(0))
+            }
+        })
+        .await;
+        assert_eq!(v, Some(5));
+    })
+    .await
+}
