@@ -135,7 +135,12 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
 /// Answers the opening packets of a connection that cannot be served (SSLRequest with 'N',
 /// then the StartupMessage with `error`), the way PostgreSQL refuses a client it has no room
 /// for: after the startup packet, so every client library shows the message.
-pub async fn refuse(socket: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, error: ErrorResponse) {
+pub async fn refuse(
+    socket: TcpStream,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+    error: ErrorResponse,
+) {
     let login_timeout = shared.config().client_login_timeout.0;
     let opened = tokio::time::timeout(login_timeout, startup::open(socket, peer, shared)).await;
     if let Ok(Ok(Opening::Session(mut client, _))) = opened {
