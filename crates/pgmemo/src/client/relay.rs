@@ -96,8 +96,8 @@ pub async fn run(
     let st = RelayState::new(server.status);
     let end = match (&mut client.stream, &mut server.stream) {
         (MaybeTls::Plain(c), MaybeTls::Plain(s)) => {
-            let (mut cr, mut cw) = c.split();
-            let (mut sr, mut sw) = s.split();
+            let (mut cr, mut cw) = (&*c, &*c);
+            let (mut sr, mut sw) = (&*s, &*s);
             let pumps = Pumps {
                 client_buf: &mut client.buf,
                 server_buf: &mut server.read_buf,

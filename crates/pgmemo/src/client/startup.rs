@@ -11,7 +11,7 @@ use wire::startup::{encryption_answer, StartupMessage, StartupPacket};
 use wire::{backend, sqlstate, ErrorResponse};
 
 use super::{ClientConn, ClientError};
-use crate::net::MaybeTls;
+use crate::net::{FastTcp, MaybeTls};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -30,6 +30,10 @@ pub async fn open(
     peer: SocketAddr,
     shared: &Arc<Shared>,
 ) -> Result<Opening, (Option<ClientConn>, ClientError)> {
+    let socket = match FastTcp::from_tokio(socket) {
+        Ok(s) => s,
+        Err(e) => return Err((None, e.into())),
+    };
     let mut conn = ClientConn {
         stream: MaybeTls::Plain(socket),
         buf: BytesMut::with_capacity(1024),

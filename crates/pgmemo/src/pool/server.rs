@@ -13,7 +13,7 @@ use wire::startup::{encode_ssl_request, CancelKey, StartupMessage};
 use wire::{frontend, ErrorResponse, Frame, WireError};
 
 use crate::cancel::ServerCancelTarget;
-use crate::net::{MaybeTls, ServerStream};
+use crate::net::{FastTcp, MaybeTls, ServerStream};
 use crate::tls::UpstreamTls;
 
 /// Servers may send large rows; pgmemo only frames whole the small messages it reads itself.
@@ -104,6 +104,7 @@ impl ServerConn {
                     source,
                 })?;
         tcp.set_nodelay(true)?;
+        let tcp = FastTcp::from_tokio(tcp)?;
         let stream = match tls {
             None => MaybeTls::Plain(tcp),
             Some(tls) => negotiate_tls(tcp, tls).await?,
@@ -300,7 +301,7 @@ fn tag_of(msg: &BackendMessage) -> u8 {
     }
 }
 
-async fn negotiate_tls(mut tcp: TcpStream, tls: &UpstreamTls) -> Result<ServerStream, ServerError> {
+async fn negotiate_tls(mut tcp: FastTcp, tls: &UpstreamTls) -> Result<ServerStream, ServerError> {
     tcp.write_all(&encode_ssl_request()).await?;
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await?;
