@@ -642,22 +642,40 @@ async fn check_server_login_with_held_credentials(auth_type: AuthType) {
         .await;
     }
 
-    // Only a verifier in the userlist: the client passes pgmemo's check, but pgmemo has nothing
-    // to answer the server with. The client must get an error that says so, promptly.
-    for _ in 0..2 {
-        let (code, msg) = login_error(
-            pgmemo.port(),
-            SRV_VERIFIER.0,
-            Some(SRV_VERIFIER.1),
-            "postgres",
-        )
-        .await;
-        assert_eq!(code, SqlState::CONNECTION_FAILURE, "{msg}");
-        assert!(
-            msg.contains("password") && msg.contains(SRV_VERIFIER.0),
-            "unclear error for a userlist without the server password: {msg}"
-        );
+    // Only a verifier in the userlist (as pg_authid stores it): pgmemo recovers the client's
+    // SCRAM ClientKey from its proof and logs in to the server with it, as PgBouncer does.
+    // (With auth_type = md5 pgmemo switches to SCRAM for a user whose secret is a verifier.)
+    let client = login(
+        pgmemo.port(),
+        SRV_VERIFIER.0,
+        Some(SRV_VERIFIER.1),
+        "postgres",
+    )
+    .await;
+    assert_current_user(&client, SRV_VERIFIER.0).await;
+    drop(client);
+    // Once the server's verifier changes, the recovered keys no longer fit: the server's own
+    // refusal reaches the client, promptly.
+    pg.psql(&format!(
+        "ALTER ROLE {} PASSWORD 'changed-on-the-server'",
+        SRV_VERIFIER.0
+    ))
+    .await;
+    for pool in pgmemo.handle().shared().pools.all() {
+        // Close the pooled connection so the next login must authenticate to the server.
+        pool.close_idle().await;
     }
+    let (code, msg) = login_error(
+        pgmemo.port(),
+        SRV_VERIFIER.0,
+        Some(SRV_VERIFIER.1),
+        "postgres",
+    )
+    .await;
+    assert_eq!(
+        (code, msg),
+        (SqlState::INVALID_PASSWORD, password_failed(SRV_VERIFIER.0))
+    );
 
     // An outdated plain password: the server's own refusal reaches the client.
     for _ in 0..2 {

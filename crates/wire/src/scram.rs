@@ -237,6 +237,91 @@ impl ScramServer {
     }
 }
 
+/// The two keys a SCRAM verifier is made of on the client side: enough to log in to a server
+/// that stores the same verifier, without the password. pgmemo recovers the ClientKey from a
+/// client's proof (see [`ScramOutcome::client_key`]) and takes the ServerKey from its userlist.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ScramKeys {
+    pub client_key: [u8; 32],
+    pub server_key: [u8; 32],
+}
+
+impl std::fmt::Debug for ScramKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScramKeys(..)")
+    }
+}
+
+/// Client side of SCRAM-SHA-256 driven by [`ScramKeys`] instead of a password. Call
+/// [`ScramKeyClient::new`] for the client-first message, [`ScramKeyClient::server_first`] for
+/// the client-final message, then [`ScramKeyClient::server_final`] to check the server.
+#[derive(Debug)]
+pub struct ScramKeyClient {
+    keys: ScramKeys,
+    client_first_bare: String,
+    auth_message: Option<String>,
+}
+
+impl ScramKeyClient {
+    /// Starts an exchange; returns the client-first message (without channel binding).
+    pub fn new(keys: ScramKeys) -> (ScramKeyClient, String) {
+        let mut raw = [0u8; 18];
+        rand::thread_rng().fill_bytes(&mut raw);
+        let client_first_bare = format!("n=,r={}", B64.encode(raw));
+        let first = format!("n,,{client_first_bare}");
+        (
+            ScramKeyClient {
+                keys,
+                client_first_bare,
+                auth_message: None,
+            },
+            first,
+        )
+    }
+
+    /// Answers the server-first message with the client-final message.
+    pub fn server_first(&mut self, data: &[u8]) -> Result<String, ScramError> {
+        let msg = std::str::from_utf8(data).map_err(|_| ScramError::Malformed("not UTF-8"))?;
+        let mut parts = msg.split(',');
+        let nonce = attr(parts.next(), 'r')?;
+        let client_nonce = &self.client_first_bare[5..];
+        if !nonce.starts_with(client_nonce) || nonce.len() == client_nonce.len() {
+            return Err(ScramError::NonceMismatch);
+        }
+        let without_proof = format!("c=biws,r={nonce}");
+        let auth_message = format!("{},{msg},{without_proof}", self.client_first_bare);
+        let stored_key: [u8; 32] = Sha256::digest(self.keys.client_key).into();
+        let signature = hmac(&stored_key, auth_message.as_bytes());
+        let proof: Vec<u8> = self
+            .keys
+            .client_key
+            .iter()
+            .zip(signature)
+            .map(|(k, s)| k ^ s)
+            .collect();
+        self.auth_message = Some(auth_message);
+        Ok(format!("{without_proof},p={}", B64.encode(proof)))
+    }
+
+    /// Checks the server's signature in the server-final message.
+    pub fn server_final(self, data: &[u8]) -> Result<(), ScramError> {
+        let msg = std::str::from_utf8(data).map_err(|_| ScramError::Malformed("not UTF-8"))?;
+        let auth_message = self
+            .auth_message
+            .ok_or(ScramError::Malformed("server-final before server-first"))?;
+        let verifier = attr(Some(msg), 'v')?;
+        let expected = hmac(&self.keys.server_key, auth_message.as_bytes());
+        let got = B64
+            .decode(verifier)
+            .map_err(|_| ScramError::Malformed("invalid server signature"))?;
+        if constant_time_eq(&got, &expected) {
+            Ok(())
+        } else {
+            Err(ScramError::WrongPassword)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +369,37 @@ mod tests {
             parsed
         );
         assert!(ScramSecret::parse("md5abc").is_err());
+    }
+
+    #[test]
+    fn keys_recovered_from_a_client_log_in_to_a_server_with_the_same_verifier() {
+        let secret = ScramSecret::generate("pencil");
+        // A client logs in to pgmemo with the password; pgmemo recovers its ClientKey.
+        let (server, first) =
+            ScramServer::client_first(secret.clone(), b"n,,n=,r=abcdefghijkl").unwrap();
+        let fin = client_final_for("pencil", "n=,r=abcdefghijkl", &first);
+        let outcome = server.client_final(fin.as_bytes()).unwrap();
+        let keys = ScramKeys {
+            client_key: outcome.client_key,
+            server_key: secret.server_key,
+        };
+        // pgmemo logs in to a server holding the same verifier with those keys.
+        let (mut client, client_first) = ScramKeyClient::new(keys.clone());
+        let (upstream, server_first) =
+            ScramServer::client_first(secret.clone(), client_first.as_bytes()).unwrap();
+        let client_final = client.server_first(server_first.as_bytes()).unwrap();
+        let done = upstream.client_final(client_final.as_bytes()).unwrap();
+        client.server_final(done.server_final.as_bytes()).unwrap();
+        // A server with another verifier refuses them.
+        let other = ScramSecret::generate("crayon");
+        let (mut client, client_first) = ScramKeyClient::new(keys);
+        let (upstream, server_first) =
+            ScramServer::client_first(other, client_first.as_bytes()).unwrap();
+        let client_final = client.server_first(server_first.as_bytes()).unwrap();
+        assert_eq!(
+            upstream.client_final(client_final.as_bytes()).unwrap_err(),
+            ScramError::WrongPassword
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use rand::RngCore;
 use wire::backend::{self, Authentication, BackendMessage};
 use wire::frontend::{parse_password, SaslInitialResponse};
-use wire::scram::{ScramSecret, ScramServer, SCRAM_SHA_256};
+use wire::scram::{ScramKeys, ScramSecret, ScramServer, SCRAM_SHA_256};
 use wire::{sqlstate, ErrorResponse, WireError};
 
 use super::{ClientConn, ClientError};
@@ -21,6 +21,8 @@ pub struct LocalLogin {
     /// The client's clear-text password, when the method revealed it (it never does for md5 or
     /// SCRAM, but a plain userlist entry is as good).
     pub password: Option<String>,
+    /// The client's SCRAM keys, when it logged in with SCRAM against a userlist verifier.
+    pub scram_keys: Option<ScramKeys>,
 }
 
 fn password_failed(user: &str) -> ErrorResponse {
@@ -51,6 +53,7 @@ pub async fn authenticate_locally(
             }
             LocalLogin {
                 password: plain(secret),
+                scram_keys: None,
             }
         }
         AuthType::Md5 if matches!(secret, Some(Secret::Scram(_))) => {
@@ -97,6 +100,7 @@ async fn md5(
     match stored {
         Some(s) if wire::md5::verify_md5_response(&s, salt, response) => Ok(LocalLogin {
             password: plain(secret),
+            scram_keys: None,
         }),
         _ => Err(ClientError::Refused(password_failed(user))),
     }
@@ -141,8 +145,16 @@ async fn scram(
                     outcome.server_final.as_bytes(),
                 ))
                 .await?;
+            let scram_keys = match secret {
+                Some(Secret::Scram(v)) => Some(ScramKeys {
+                    client_key: outcome.client_key,
+                    server_key: v.server_key,
+                }),
+                _ => None,
+            };
             Ok(LocalLogin {
                 password: plain(secret),
+                scram_keys,
             })
         }
         _ => Err(ClientError::Refused(password_failed(user))),

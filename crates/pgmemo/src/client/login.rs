@@ -12,7 +12,7 @@ use wire::startup::StartupMessage;
 use super::auth::{authenticate_locally, relay_upstream_auth};
 use super::{ClientConn, ClientError};
 use crate::config::{AuthType, Config};
-use crate::pool::{Lease, PoolKey, PoolSettings, ServerConn};
+use crate::pool::{Lease, PoolKey, PoolSettings, ServerConn, ServerCredential};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -132,10 +132,11 @@ pub async fn login(
         return Ok((route, lease, conn));
     }
     lease.reserve_new();
+    let same_user = route.key.user == user;
     let password = route
         .password
         .clone()
-        .or_else(|| (route.key.user == user).then_some(local.password).flatten())
+        .or_else(|| same_user.then_some(local.password).flatten())
         .or_else(|| match userlist.get(&route.key.user) {
             Some(crate::auth::Secret::Plain(p)) => Some(p.clone()),
             _ => None,
@@ -145,9 +146,15 @@ pub async fn login(
                 .then(|| config.upstream.password.clone())
                 .flatten()
         });
+    let credential = match (password, local.scram_keys) {
+        (Some(p), _) => ServerCredential::Password(p),
+        (None, Some(keys)) if same_user && route.password.is_none() => {
+            ServerCredential::ScramKeys(keys)
+        }
+        _ => ServerCredential::None,
+    };
     let mut conn = open(shared, &route, upstream_tls).await?;
-    conn.authenticate(&route.key.user, password.as_deref())
-        .await?;
+    conn.authenticate(&route.key.user, &credential).await?;
     conn.finish_startup().await?;
     Ok((route, lease, conn))
 }

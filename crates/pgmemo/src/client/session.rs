@@ -20,7 +20,16 @@ use crate::stats::Stats;
 /// Serves a connection from accept to close.
 pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let login_timeout = shared.config().client_login_timeout.0;
-    let opened = tokio::time::timeout(login_timeout, startup::open(socket, peer, &shared)).await;
+    // Until the client is logged in it has no transaction to finish: once the shutdown grace
+    // period is over it is closed like every other session, instead of holding the shutdown up
+    // for client_login_timeout.
+    let opened = tokio::select! {
+        opened = tokio::time::timeout(login_timeout, startup::open(socket, peer, &shared)) => opened,
+        _ = shared.terminate_sessions.cancelled() => {
+            tracing::info!(%peer, "shutting down: closing a client that had not sent its startup packet");
+            return;
+        }
+    };
     let (mut client, startup) = match opened {
         Err(_) => {
             tracing::info!(%peer, "client did not send a startup packet in time (client_login_timeout)");
@@ -41,9 +50,14 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         .to_owned();
 
     let wait = login_timeout + shared.config().query_wait_timeout.0;
-    let logged_in = match tokio::time::timeout(wait, login(&mut client, &shared, &startup)).await {
-        Err(_) => Err(ClientError::LoginTimeout),
-        Ok(r) => r,
+    let logged_in = tokio::select! {
+        r = tokio::time::timeout(wait, login(&mut client, &shared, &startup)) => match r {
+            Err(_) => Err(ClientError::LoginTimeout),
+            Ok(r) => r,
+        },
+        _ = shared.terminate_sessions.cancelled() => {
+            Err(ClientError::Pool(crate::pool::PoolError::Closed))
+        }
     };
     let (route, lease, mut server) = match logged_in {
         Ok(v) => v,

@@ -115,7 +115,6 @@ impl Lease {
         let permit = self.permit.take();
         self.counted = false;
         tokio::spawn(async move {
-            let _permit = permit;
             match reset(conn, state, &settings).await {
                 Some(mut conn) => {
                     conn.last_used = Instant::now();
@@ -124,6 +123,9 @@ impl Lease {
                 None => {
                     pool.state().total -= 1;
                 }
+            }
+            if let Some(permit) = permit {
+                pool.give_back(permit);
             }
         });
     }
@@ -140,6 +142,9 @@ impl Drop for Lease {
         // A lease dropped while counting a connection it never handed back (a failed connect,
         // a panicking session) gives its room back.
         self.discard_counted();
+        if let Some(permit) = self.permit.take() {
+            self.pool.give_back(permit);
+        }
     }
 }
 

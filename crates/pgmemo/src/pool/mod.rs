@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use lease::{Lease, ReleaseState};
-pub use server::{ServerConn, ServerError};
+pub use server::{ServerConn, ServerCredential, ServerError};
 
 /// Identifies a pool: the real server, database and user of its connections.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -90,15 +90,7 @@ impl Pools {
     pub async fn close_all(&self) {
         for pool in self.all() {
             pool.semaphore.close();
-            let idle: Vec<ServerConn> = {
-                let mut st = pool.state();
-                let drained: Vec<_> = st.idle.drain(..).collect();
-                st.total -= drained.len();
-                drained
-            };
-            for conn in idle {
-                conn.close().await;
-            }
+            pool.close_idle().await;
         }
     }
 }
@@ -114,6 +106,9 @@ pub struct Pool {
     key: PoolKey,
     semaphore: Arc<Semaphore>,
     size: AtomicUsize,
+    /// Places a shrink could not take away at once because they were in use: that many permits
+    /// are forgotten instead of returned as leases end.
+    shrink_debt: AtomicUsize,
     state: Mutex<PoolState>,
     /// Whether the server accepted pgmemo's last connection for this key without asking for a
     /// password: only then may `auth_type = upstream` hand an idle connection to a new client
@@ -127,6 +122,7 @@ impl Pool {
             key,
             semaphore: Arc::new(Semaphore::new(size)),
             size: AtomicUsize::new(size),
+            shrink_debt: AtomicUsize::new(0),
             state: Mutex::new(PoolState {
                 idle: VecDeque::new(),
                 total: 0,
@@ -147,14 +143,35 @@ impl Pool {
     fn resize(&self, size: usize) {
         let old = self.size.swap(size, Ordering::AcqRel);
         if size > old {
-            self.semaphore.add_permits(size - old);
+            // Places still owed by an earlier shrink are cancelled before new ones are added.
+            let grow = size - old;
+            let owed = self
+                .shrink_debt
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| {
+                    Some(d - d.min(grow))
+                })
+                .unwrap_or(0);
+            self.semaphore.add_permits(grow - owed.min(grow));
         } else if size < old {
             // Permits in use cannot be revoked; forget what is free now and let the rest shrink
             // as leases end (a shrunk pool may briefly exceed its new size).
             let removed = self.semaphore.forget_permits(old - size);
             if removed < old - size {
+                self.shrink_debt
+                    .fetch_add(old - size - removed, Ordering::AcqRel);
                 tracing::debug!(pool = ?self.key, "pool shrinks as leases end");
             }
+        }
+    }
+
+    /// Returns a lease's permit to the pool, or forgets it while a shrink is still owed.
+    fn give_back(&self, permit: OwnedSemaphorePermit) {
+        let owed = self
+            .shrink_debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+            .is_ok();
+        if owed {
+            permit.forget();
         }
     }
 
@@ -177,6 +194,20 @@ impl Pool {
     /// Records whether the last login needed a password.
     pub fn set_trust_known(&self, trusted: bool) {
         self.trust_known.store(trusted, Ordering::Release);
+    }
+
+    /// Closes every idle connection of this pool (shutdown; also lets a test force the next
+    /// login to reach the server).
+    pub async fn close_idle(&self) {
+        let idle: Vec<ServerConn> = {
+            let mut st = self.state();
+            let drained: Vec<_> = st.idle.drain(..).collect();
+            st.total -= drained.len();
+            drained
+        };
+        for conn in idle {
+            conn.close().await;
+        }
     }
 
     /// (idle, total) connection counts.

@@ -9,6 +9,7 @@ use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use wire::backend::{Authentication, BackendMessage, TransactionStatus};
+use wire::scram::{ScramKeyClient, ScramKeys};
 use wire::startup::{encode_ssl_request, CancelKey, StartupMessage};
 use wire::{frontend, ErrorResponse, Frame, WireError};
 
@@ -18,6 +19,19 @@ use crate::tls::UpstreamTls;
 
 /// Servers may send large rows; pgmemo only frames whole the small messages it reads itself.
 const MAX_SERVER_FRAME: usize = 1 << 30;
+
+/// What pgmemo can log in to a server with.
+#[derive(Debug, Clone, Default)]
+pub enum ServerCredential {
+    /// Nothing: the server must not ask (trust).
+    #[default]
+    None,
+    /// A clear-text password: answers cleartext, md5 and SCRAM requests.
+    Password(String),
+    /// SCRAM keys recovered from the client's own SCRAM login against a userlist verifier:
+    /// answers SCRAM requests of a server that stores the same verifier.
+    ScramKeys(ScramKeys),
+}
 
 /// What went wrong with a server connection.
 #[derive(Debug, thiserror::Error)]
@@ -152,9 +166,14 @@ impl ServerConn {
     pub async fn authenticate(
         &mut self,
         user: &str,
-        password: Option<&str>,
+        credential: &ServerCredential,
     ) -> Result<(), ServerError> {
+        let password = match credential {
+            ServerCredential::Password(p) => Some(p.as_str()),
+            _ => None,
+        };
         let mut scram: Option<ScramSha256> = None;
+        let mut key_scram: Option<ScramKeyClient> = None;
         loop {
             let frame = self.read_frame().await?;
             let auth = match BackendMessage::decode(frame)? {
@@ -182,6 +201,16 @@ impl ServerConn {
                             "no supported SASL mechanism in {mechanisms:?}"
                         )));
                     }
+                    if let ServerCredential::ScramKeys(keys) = credential {
+                        let (client, first) = ScramKeyClient::new(keys.clone());
+                        self.send(&frontend::sasl_initial_response(
+                            wire::scram::SCRAM_SHA_256,
+                            first.as_bytes(),
+                        ))
+                        .await?;
+                        key_scram = Some(client);
+                        continue;
+                    }
                     let s = ScramSha256::new(need_pw()?.as_bytes(), ChannelBinding::unsupported());
                     self.send(&frontend::sasl_initial_response(
                         wire::scram::SCRAM_SHA_256,
@@ -189,6 +218,19 @@ impl ServerConn {
                     ))
                     .await?;
                     scram = Some(s);
+                }
+                Authentication::SaslContinue { data } if key_scram.is_some() => {
+                    let client = key_scram.as_mut().expect("checked by the guard");
+                    let fin = client
+                        .server_first(&data)
+                        .map_err(|e| ServerError::Scram(e.to_string()))?;
+                    self.send(&frontend::sasl_response(fin.as_bytes())).await?;
+                }
+                Authentication::SaslFinal { data } if key_scram.is_some() => {
+                    let client = key_scram.take().expect("checked by the guard");
+                    client
+                        .server_final(&data)
+                        .map_err(|e| ServerError::Scram(e.to_string()))?;
                 }
                 Authentication::SaslContinue { data } => {
                     let s = scram

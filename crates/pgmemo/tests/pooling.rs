@@ -1,0 +1,850 @@
+//! Session pooling end to end: reuse of server connections, clean resets, clients that vanish
+//! mid-transaction or mid-query, a full pool (timeout and FIFO order), an upstream that restarts
+//! or goes away, graceful shutdown, idle/lifetime expiry, and SIGHUP/SIGTERM on the binary.
+//!
+//! Tests that only need a database of their own use the shared local server (with tables named
+//! after the test and the process ID); tests that stop or restart PostgreSQL get a
+//! `TempPostgres` cluster.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pgmemo::config::Seconds;
+use pgmemo::Config;
+use testkit::{
+    assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo, LocalPostgres,
+    PgmemoInstance, PgmemoProcess, TempPostgres,
+};
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls};
+
+/// Database on the shared local server.
+const DB: &str = "test";
+const USER: &str = "postgres";
+
+/// Generous bound for anything that should happen "at once" on a busy CI machine.
+const SOON: Duration = Duration::from_secs(10);
+
+fn seconds(d: Duration) -> Seconds {
+    Seconds(d)
+}
+
+/// pgmemo in front of the local server with `pool_size` and whatever `tweak` changes.
+async fn local_pgmemo(pool_size: usize, tweak: impl FnOnce(&mut Config)) -> PgmemoInstance {
+    pgmemo_for(LocalPostgres::PORT, pool_size, tweak).await
+}
+
+async fn pgmemo_for(
+    port: u16,
+    pool_size: usize,
+    tweak: impl FnOnce(&mut Config),
+) -> PgmemoInstance {
+    let mut config = Config {
+        pool_size,
+        ..pgmemo_config_for(port)
+    };
+    tweak(&mut config);
+    spawn_pgmemo(config).await.expect("pgmemo starts")
+}
+
+/// A table name unique to this test process and `what`.
+fn table(what: &str) -> String {
+    format!("pooling_{what}_{}", std::process::id())
+}
+
+/// A client whose connection task the test keeps: aborting it drops the socket without a
+/// Terminate message (a client that crashed), and awaiting it yields the error that ended the
+/// connection (e.g. the FATAL sent at shutdown).
+async fn connect_watched(url: &str) -> (Client, JoinHandle<Result<(), tokio_postgres::Error>>) {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    (client, tokio::spawn(connection))
+}
+
+/// The error of a connection attempt that must fail, within `SOON`.
+async fn connect_error(url: &str) -> tokio_postgres::Error {
+    let attempt = tokio::time::timeout(SOON, tokio_postgres::connect(url, NoTls))
+        .await
+        .unwrap_or_else(|_| panic!("connecting to {url} hung"));
+    match attempt {
+        Ok(_) => panic!("connecting to {url} succeeded, expected an error"),
+        Err(e) => e,
+    }
+}
+
+fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
+    e.code().map(|c| c.code())
+}
+
+async fn backend_pid(client: &Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pg_backend_pid")
+        .get(0)
+}
+
+/// Whether a backend with this PID is still connected to the server `direct` talks to.
+async fn backend_exists(direct: &Client, pid: i32) -> bool {
+    direct
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .map(|r| r.get::<_, i64>(0) == 1)
+        .unwrap_or(false)
+}
+
+/// Asserts that a session carries nothing over from a previous client: no transaction, no
+/// SET / SET LOCAL values, no temp table, no prepared statement, no advisory lock, no LISTEN.
+async fn assert_clean_session(client: &Client, temp_table: &str, defaults: &Defaults) {
+    let row = client
+        .query_one(
+            "SELECT txid_current_if_assigned() IS NULL, \
+                    current_setting('application_name'), \
+                    coalesce(current_setting('myapp.x', true), ''), \
+                    current_setting('statement_timeout'), \
+                    to_regclass('pg_temp.' || $1::text) IS NULL, \
+                    (SELECT count(*) FROM pg_prepared_statements WHERE name = 'p'), \
+                    (SELECT count(*) FROM pg_locks \
+                       WHERE locktype = 'advisory' AND pid = pg_backend_pid()), \
+                    (SELECT count(*) FROM pg_listening_channels())",
+            &[&temp_table],
+        )
+        .await
+        .expect("state query");
+    assert!(row.get::<_, bool>(0), "a transaction is still open");
+    assert_eq!(row.get::<_, String>(1), defaults.application_name);
+    assert_eq!(row.get::<_, String>(2), "", "myapp.x survived");
+    assert_eq!(row.get::<_, String>(3), defaults.statement_timeout);
+    assert!(row.get::<_, bool>(4), "temp table {temp_table} survived");
+    assert_eq!(row.get::<_, i64>(5), 0, "prepared statement p survived");
+    assert_eq!(row.get::<_, i64>(6), 0, "advisory lock survived");
+    assert_eq!(row.get::<_, i64>(7), 0, "LISTEN survived");
+    // In autocommit, a simple query's transaction starts with the statement; inside an old
+    // transaction now() would be that transaction's start.
+    let same = client
+        .simple_query("SELECT now() = statement_timestamp()")
+        .await
+        .expect("now() query");
+    let same = same.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(
+        same.as_deref(),
+        Some("t"),
+        "now() belongs to an older transaction"
+    );
+    // A new transaction starts normally (no "already a transaction in progress").
+    client.batch_execute("BEGIN; COMMIT").await.expect("BEGIN");
+}
+
+/// What a fresh session shows, read on a direct connection to the same server.
+struct Defaults {
+    application_name: String,
+    statement_timeout: String,
+}
+
+async fn defaults_of(direct: &Client) -> Defaults {
+    let row = direct
+        .query_one(
+            "SELECT current_setting('application_name'), current_setting('statement_timeout')",
+            &[],
+        )
+        .await
+        .unwrap();
+    Defaults {
+        application_name: row.get(0),
+        statement_timeout: row.get(1),
+    }
+}
+
+#[tokio::test]
+async fn session_pooling_reuses_server_connections() {
+    let pgmemo = local_pgmemo(1, |_| {}).await;
+    let a = pgmemo.client(USER, DB).await;
+    let pid = backend_pid(&a).await;
+    drop(a);
+
+    // The reset runs in the background after A leaves; B then gets the same backend.
+    assert_eventually(SOON, "B gets A's server connection", || async {
+        let b = pgmemo.client(USER, DB).await;
+        backend_pid(&b).await == pid
+    })
+    .await;
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test]
+async fn reset_leaves_no_trace_of_the_previous_client() {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let defaults = defaults_of(&direct).await;
+    let temp = table("reset_tmp");
+    let pgmemo = local_pgmemo(1, |_| {}).await;
+
+    let a = pgmemo.client(USER, DB).await;
+    let pid = backend_pid(&a).await;
+    a.batch_execute(&format!(
+        "SET application_name = 'dirty'; SET myapp.x = '1'; SET statement_timeout = '4321s'; \
+         CREATE TEMP TABLE {temp} (a int); PREPARE p AS SELECT 1; \
+         SELECT pg_advisory_lock(4242); LISTEN pooling_reset_channel"
+    ))
+    .await
+    .unwrap();
+    // Sanity: the state is really there before A leaves.
+    let row = a
+        .query_one(
+            "SELECT current_setting('application_name'), current_setting('myapp.x', true)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "dirty");
+    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("1"));
+    drop(a);
+
+    let b = eventually_some(SOON, || async {
+        let b = pgmemo.client(USER, DB).await;
+        (backend_pid(&b).await == pid).then_some(b)
+    })
+    .await
+    .expect("B gets A's server connection");
+    assert_clean_session(&b, &temp, &defaults).await;
+    // The names A used are free again.
+    b.batch_execute(&format!(
+        "PREPARE p AS SELECT 2; CREATE TEMP TABLE {temp} (b text)"
+    ))
+    .await
+    .unwrap();
+    drop(b);
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test]
+async fn client_killed_mid_transaction_is_rolled_back() {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let defaults = defaults_of(&direct).await;
+    let t = table("killed_tx");
+    direct
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (v text)"
+        ))
+        .await
+        .unwrap();
+    let pgmemo = local_pgmemo(1, |_| {}).await;
+    let url = pgmemo.url(USER, DB);
+
+    let (a, a_conn) = connect_watched(&url).await;
+    let pid = backend_pid(&a).await;
+    a.batch_execute(&format!(
+        "BEGIN; INSERT INTO {t} VALUES ('from A'); SET LOCAL statement_timeout = '4321s'"
+    ))
+    .await
+    .unwrap();
+    // The client process dies: its socket closes without a Terminate message.
+    a_conn.abort();
+    let _ = a_conn.await;
+    drop(a);
+
+    let b = eventually_some(SOON, || async {
+        let b = pgmemo.client(USER, DB).await;
+        (backend_pid(&b).await == pid).then_some(b)
+    })
+    .await
+    .expect("B gets A's server connection, rolled back");
+    assert_clean_session(&b, "no_such_temp_table", &defaults).await;
+    assert_eq!(count(&b, &t).await, 0, "A's row is visible through pgmemo");
+    assert_eq!(count(&direct, &t).await, 0, "A's row was committed");
+    drop(b);
+    pgmemo.shutdown().await;
+    direct
+        .batch_execute(&format!("DROP TABLE {t}"))
+        .await
+        .unwrap();
+}
+
+async fn count(client: &Client, table: &str) -> i64 {
+    client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn client_killed_mid_query_does_not_leave_a_dirty_server() {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let defaults = defaults_of(&direct).await;
+    let pgmemo = local_pgmemo(1, |_| {}).await;
+    let url = pgmemo.url(USER, DB);
+
+    let (a, a_conn) = connect_watched(&url).await;
+    let pid = backend_pid(&a).await;
+    a.batch_execute("SET application_name = 'killed mid query'")
+        .await
+        .unwrap();
+    let sleeper = tokio::spawn(async move { a.simple_query("SELECT pg_sleep(5)").await });
+    assert_eventually(SOON, "A's pg_sleep is running", || async {
+        direct
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE pid = $1 AND state = 'active' AND query LIKE '%pg_sleep%'",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    })
+    .await;
+    let killed = Instant::now();
+    a_conn.abort();
+    let _ = a_conn.await;
+    let _ = sleeper.await;
+
+    // B must not wait for the 5 s sleep to end, and must not get A's busy backend.
+    let b = tokio::time::timeout(Duration::from_secs(4), pgmemo.client(USER, DB))
+        .await
+        .expect("B waited for A's query to finish");
+    let b_pid = backend_pid(&b).await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(4),
+        "B took {:?}",
+        killed.elapsed()
+    );
+    assert_ne!(b_pid, pid, "B got the backend still running A's query");
+    assert_clean_session(&b, "no_such_temp_table", &defaults).await;
+    drop(b);
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test]
+async fn full_pool_times_out_with_53300_then_admits_the_next_client() {
+    let pgmemo = local_pgmemo(1, |c| {
+        c.query_wait_timeout = seconds(Duration::from_millis(500));
+    })
+    .await;
+    let url = pgmemo.url(USER, DB);
+    let a = pgmemo.client(USER, DB).await;
+    backend_pid(&a).await;
+
+    let started = Instant::now();
+    let e = connect_error(&url).await;
+    let waited = started.elapsed();
+    assert_eq!(sqlstate(&e), Some("53300"), "{e:?}");
+    let message = e.as_db_error().map(|d| d.message().to_owned()).unwrap();
+    assert!(message.contains("query_wait_timeout"), "{message}");
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(2),
+        "B waited {waited:?}"
+    );
+
+    drop(a);
+    assert_eventually(SOON, "C gets in after A left", || async {
+        match pgmemo.try_client(USER, DB).await {
+            Ok(c) => c.simple_query("SELECT 1").await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test]
+async fn waiting_clients_are_served_in_arrival_order() {
+    let pgmemo = local_pgmemo(1, |_| {}).await;
+    let url = pgmemo.url(USER, DB);
+    let a = pgmemo.client(USER, DB).await;
+    backend_pid(&a).await;
+
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 1..=3 {
+        let url = url.clone();
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let client = testkit::connect(&url).await.unwrap();
+            order.lock().unwrap().push(i);
+            client.simple_query("SELECT 1").await.unwrap();
+            // Dropping the client gives the server connection to the next in line.
+        }));
+        // B(i) is queued once pgmemo admitted it (A plus i waiters); only then does B(i+1)
+        // start to connect, so arrival order is well defined.
+        let shared = pgmemo.handle().shared().clone();
+        assert_eventually(SOON, "the waiter is admitted", || {
+            let shared = shared.clone();
+            async move { shared.client_count() == 1 + i }
+        })
+        .await;
+    }
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "someone got in while A held the pool"
+    );
+    drop(a);
+    for w in waiters {
+        tokio::time::timeout(Duration::from_secs(30), w)
+            .await
+            .expect("waiter finishes")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![1, 2, 3]);
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test]
+async fn upstream_restart_fails_the_session_then_new_sessions_work() {
+    let pg = TempPostgres::start().await.unwrap();
+    let pgmemo = pgmemo_for(pg.port(), 2, |_| {}).await;
+
+    // One connection idle in the pool, one in use by a session.
+    let idle = pgmemo.client(USER, "postgres").await;
+    backend_pid(&idle).await;
+    let session = pgmemo.client(USER, "postgres").await;
+    backend_pid(&session).await;
+    drop(idle);
+    let shared = pgmemo.handle().shared().clone();
+    assert_eventually(SOON, "one connection idle in the pool", || {
+        let shared = shared.clone();
+        async move { shared.pools.all().iter().any(|p| p.counts().0 == 1) }
+    })
+    .await;
+
+    pg.restart().await.unwrap();
+
+    let next = tokio::time::timeout(SOON, session.simple_query("SELECT 1"))
+        .await
+        .expect("the in-session query hung after the restart");
+    assert!(
+        next.is_err(),
+        "the query succeeded on a dead server session"
+    );
+
+    assert_eventually(SOON, "new sessions work after the restart", || async {
+        match pgmemo.try_client(USER, "postgres").await {
+            Ok(c) => c.simple_query("SELECT 1").await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    // Nothing stale is left in the pool: every new session works at the first attempt.
+    for _ in 0..3 {
+        let c = pgmemo.client(USER, "postgres").await;
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test]
+async fn upstream_down_gives_08006_quickly_and_recovers() {
+    let pg = TempPostgres::start().await.unwrap();
+    let pgmemo = pgmemo_for(pg.port(), 2, |_| {}).await;
+    let url = pgmemo.url(USER, "postgres");
+    let c = pgmemo.client(USER, "postgres").await;
+    backend_pid(&c).await;
+    drop(c);
+
+    pg.stop().await.unwrap();
+    let started = Instant::now();
+    let e = connect_error(&url).await;
+    assert_eq!(sqlstate(&e), Some("08006"), "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the error took {:?}",
+        started.elapsed()
+    );
+
+    pg.start_again().await.unwrap();
+    assert_eventually(SOON, "new clients work once the server is back", || async {
+        match pgmemo.try_client(USER, "postgres").await {
+            Ok(c) => c.simple_query("SELECT 1").await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    // Same instance throughout: it counted the failed connect and keeps serving.
+    let failures = pgmemo
+        .handle()
+        .shared()
+        .stats
+        .server_connect_failures
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(failures >= 1);
+    let c = pgmemo.client(USER, "postgres").await;
+    c.simple_query("SELECT 1").await.unwrap();
+    drop(c);
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_closes_idle_sessions_and_lets_transactions_finish() {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let t = table("shutdown");
+    direct
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (v text)"
+        ))
+        .await
+        .unwrap();
+    let pgmemo = local_pgmemo(4, |c| {
+        c.shutdown_timeout = seconds(Duration::from_secs(20));
+    })
+    .await;
+    let url = pgmemo.url(USER, DB);
+
+    let (idle, idle_conn) = connect_watched(&url).await;
+    // Simple protocol only: a dropped prepared statement would send a Close in the background,
+    // and a request in flight at shutdown would take the FATAL as its answer.
+    idle.batch_execute("SELECT 1").await.unwrap();
+    let (busy, busy_conn) = connect_watched(&url).await;
+    busy.batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES ('before')"))
+        .await
+        .unwrap();
+
+    let shutdown_started = Instant::now();
+    let shutdown = tokio::spawn(pgmemo.shutdown());
+
+    // The idle session is closed with 57P01.
+    let ended = tokio::time::timeout(SOON, idle_conn)
+        .await
+        .expect("the idle session was not closed")
+        .unwrap();
+    let e = ended.expect_err("the idle session ended without an error");
+    assert_eq!(sqlstate(&e), Some("57P01"), "{e:?}");
+    assert!(idle.simple_query("SELECT 1").await.is_err());
+
+    // No new connections.
+    assert_eventually(SOON, "new connections are refused", || async {
+        tokio::time::timeout(SOON, tokio_postgres::connect(&url, NoTls))
+            .await
+            .map(|r| r.is_err())
+            .unwrap_or(false)
+    })
+    .await;
+
+    // The session in a transaction finishes it...
+    busy.batch_execute(&format!("INSERT INTO {t} VALUES ('during')"))
+        .await
+        .unwrap();
+    busy.batch_execute("COMMIT").await.unwrap();
+    // ...and is closed right after.
+    let ended = tokio::time::timeout(SOON, busy_conn)
+        .await
+        .expect("the session was not closed after COMMIT")
+        .unwrap();
+    let e = ended.expect_err("the session ended without an error");
+    assert_eq!(sqlstate(&e), Some("57P01"), "{e:?}");
+
+    tokio::time::timeout(SOON, shutdown)
+        .await
+        .expect("shutdown did not complete")
+        .unwrap();
+    assert!(
+        shutdown_started.elapsed() < Duration::from_secs(15),
+        "shutdown waited for shutdown_timeout: {:?}",
+        shutdown_started.elapsed()
+    );
+    let rows = direct
+        .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(rows, 2, "the transaction was not committed");
+    direct
+        .batch_execute(&format!("DROP TABLE {t}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_timeout_ends_transactions_that_do_not_finish() {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let t = table("shutdown_timeout");
+    direct
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (v text)"
+        ))
+        .await
+        .unwrap();
+    let pgmemo = local_pgmemo(2, |c| {
+        c.shutdown_timeout = seconds(Duration::from_secs(1));
+    })
+    .await;
+    let (busy, busy_conn) = connect_watched(&pgmemo.url(USER, DB)).await;
+    busy.batch_execute(&format!(
+        "BEGIN; INSERT INTO {t} VALUES ('never committed')"
+    ))
+    .await
+    .unwrap();
+
+    let started = Instant::now();
+    tokio::time::timeout(SOON, pgmemo.shutdown())
+        .await
+        .expect("shutdown did not complete after shutdown_timeout");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "shutdown did not wait for the transaction: {:?}",
+        started.elapsed()
+    );
+    let ended = tokio::time::timeout(SOON, busy_conn)
+        .await
+        .expect("the session was not closed")
+        .unwrap();
+    assert_eq!(
+        ended.as_ref().err().and_then(sqlstate),
+        Some("57P01"),
+        "{ended:?}"
+    );
+    assert_eventually(
+        SOON,
+        "the unfinished transaction is rolled back",
+        || async {
+            direct
+            .query_one(&format!("SELECT count(*) FROM {t}"), &[])
+            .await
+            .map(|r| r.get::<_, i64>(0) == 0)
+            .unwrap_or(false)
+            // A's transaction is gone too: nobody holds a lock on the table.
+            && direct
+                .query_one(
+                    &format!("SELECT count(*) FROM pg_locks WHERE relation = '{t}'::regclass"),
+                    &[],
+                )
+                .await
+                .map(|r| r.get::<_, i64>(0) == 0)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    direct
+        .batch_execute(&format!("DROP TABLE {t}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn idle_server_connections_expire_after_server_idle_timeout() {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let pgmemo = local_pgmemo(2, |c| {
+        c.server_idle_timeout = seconds(Duration::from_secs(1));
+    })
+    .await;
+    let a = pgmemo.client(USER, DB).await;
+    let pid = backend_pid(&a).await;
+    drop(a);
+    let shared = pgmemo.handle().shared().clone();
+    assert_eventually(SOON, "the connection is idle in the pool", || {
+        let shared = shared.clone();
+        async move { shared.pools.all().iter().any(|p| p.counts() == (1, 1)) }
+    })
+    .await;
+    assert!(backend_exists(&direct, pid).await);
+    assert_eventually(SOON, "the idle backend is closed", || async {
+        !backend_exists(&direct, pid).await
+    })
+    .await;
+    assert!(shared.pools.all().iter().all(|p| p.counts() == (0, 0)));
+    pgmemo.shutdown().await;
+}
+
+#[tokio::test]
+async fn server_lifetime_closes_old_connections_once_idle() {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let pgmemo = local_pgmemo(2, |c| {
+        c.server_lifetime = seconds(Duration::from_secs(1));
+    })
+    .await;
+    let a = pgmemo.client(USER, DB).await;
+    let pid = backend_pid(&a).await;
+    // Busy past the lifetime: a connection in use is never cut.
+    a.simple_query("SELECT pg_sleep(1.3)").await.unwrap();
+    assert_eq!(backend_pid(&a).await, pid);
+    drop(a);
+    assert_eventually(SOON, "the old backend is closed once idle", || async {
+        !backend_exists(&direct, pid).await
+    })
+    .await;
+    // The next client gets a new connection.
+    let b = pgmemo.client(USER, DB).await;
+    assert_ne!(backend_pid(&b).await, pid);
+    drop(b);
+    pgmemo.shutdown().await;
+}
+
+fn write_config(path: &Path, max_client_conn: usize, pool_size: usize) {
+    std::fs::write(
+        path,
+        format!(
+            "upstream = \"postgres://127.0.0.1:{}\"\n\
+             max_client_conn = {max_client_conn}\n\
+             pool_size = {pool_size}\n\
+             query_wait_timeout = \"500ms\"\n\
+             shutdown_timeout = \"2s\"\n",
+            LocalPostgres::PORT
+        ),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_limits_and_sigterm_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pgmemo.toml");
+    write_config(&config, 1, 1);
+    let mut process = PgmemoProcess::spawn(
+        Path::new(env!("CARGO_BIN_EXE_pgmemo")),
+        &["--config".to_owned(), config.to_string_lossy().into_owned()],
+    )
+    .await
+    .unwrap();
+    let url = process.url(USER, DB);
+
+    // The readiness probe may still occupy the only client slot for a moment.
+    let first = eventually_some(SOON, || async {
+        let c = testkit::connect(&url).await.ok()?;
+        c.simple_query("SELECT 1").await.ok().map(|_| c)
+    })
+    .await
+    .expect("the first client gets in");
+
+    // max_client_conn = 1: a second client is refused.
+    let e = connect_error(&url).await;
+    assert_eq!(sqlstate(&e), Some("53300"), "{e:?}");
+    let message = e.as_db_error().map(|d| d.message().to_owned());
+    assert!(
+        message
+            .as_deref()
+            .unwrap_or("")
+            .contains("too many clients"),
+        "{e:?}"
+    );
+
+    // max_client_conn = 5: admitted, but pool_size = 1 makes it wait and time out.
+    write_config(&config, 5, 1);
+    process.signal(libc::SIGHUP).unwrap();
+    assert_eventually(
+        SOON,
+        "the second client is admitted, then waits",
+        || async {
+            match tokio_postgres::connect(&url, NoTls).await {
+                Err(e) => e
+                    .as_db_error()
+                    .is_some_and(|d| d.message().contains("query_wait_timeout")),
+                Ok(_) => false,
+            }
+        },
+    )
+    .await;
+
+    // pool_size = 2: it gets a server connection.
+    write_config(&config, 5, 2);
+    process.signal(libc::SIGHUP).unwrap();
+    let second = eventually_some(SOON, || async {
+        let c = testkit::connect(&url).await.ok()?;
+        c.simple_query("SELECT 1").await.ok().map(|_| c)
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "the second client never got in; stderr:\n{}",
+            process.stderr_contents()
+        )
+    });
+    let log = process.stderr_contents();
+    assert!(log.contains("configuration reloaded"), "{log}");
+
+    // SIGTERM with two idle sessions and a client that never sent a startup packet: a clean
+    // exit once shutdown_timeout (2 s) is over.
+    let silent = tokio::net::TcpStream::connect(process.addr())
+        .await
+        .unwrap();
+    process.signal(libc::SIGTERM).unwrap();
+    let status = process
+        .wait_exit(Duration::from_secs(8))
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "no exit after SIGTERM; stderr:\n{}",
+                process.stderr_contents()
+            )
+        });
+    assert!(
+        status.success(),
+        "{status}; stderr:\n{}",
+        process.stderr_contents()
+    );
+    assert!(first.simple_query("SELECT 1").await.is_err());
+    assert!(second.simple_query("SELECT 1").await.is_err());
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_not_held_up_by_a_client_that_never_logs_in() {
+    let pgmemo = local_pgmemo(1, |c| {
+        c.shutdown_timeout = seconds(Duration::from_secs(1));
+    })
+    .await;
+    // A client that connects and never sends its startup packet (a TCP health check, a
+    // stuck client): it has no transaction to finish.
+    let silent = tokio::net::TcpStream::connect(pgmemo.addr()).await.unwrap();
+    let shared = pgmemo.handle().shared().clone();
+    assert_eventually(SOON, "the silent client is admitted", || {
+        let shared = shared.clone();
+        async move { shared.client_count() == 1 }
+    })
+    .await;
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(8), pgmemo.shutdown())
+        .await
+        .unwrap_or_else(|_| panic!("shutdown still waits after {:?}", started.elapsed()));
+    drop(silent);
+}
+
+#[tokio::test]
+async fn a_reloaded_smaller_pool_size_holds_once_busy_leases_end() {
+    let pgmemo = local_pgmemo(2, |c| {
+        c.query_wait_timeout = seconds(Duration::from_millis(500));
+    })
+    .await;
+    let url = pgmemo.url(USER, DB);
+    let a = pgmemo.client(USER, DB).await;
+    let b = pgmemo.client(USER, DB).await;
+    backend_pid(&a).await;
+    backend_pid(&b).await;
+
+    // Shrink while both places are in use.
+    let mut config = (**pgmemo.handle().shared().config()).clone();
+    config.pool_size = 1;
+    pgmemo.handle().reload(config).unwrap();
+    drop(a);
+    drop(b);
+
+    // Once the busy leases ended, the pool has one place: a second session times out.
+    let first = eventually_some(SOON, || async {
+        let c = pgmemo.try_client(USER, DB).await.ok()?;
+        c.simple_query("SELECT 1").await.ok().map(|_| c)
+    })
+    .await
+    .expect("a client gets in after the reload");
+    let e = connect_error(&url).await;
+    assert_eq!(sqlstate(&e), Some("53300"), "{e:?}");
+
+    // Growing again, with a lease in use, gives exactly the new size: three sessions at once,
+    // not a fourth.
+    let mut config = (**pgmemo.handle().shared().config()).clone();
+    config.pool_size = 3;
+    pgmemo.handle().reload(config).unwrap();
+    let second = pgmemo.client(USER, DB).await;
+    let third = pgmemo.client(USER, DB).await;
+    let e = connect_error(&url).await;
+    assert_eq!(sqlstate(&e), Some("53300"), "{e:?}");
+    for c in [&first, &second, &third] {
+        c.simple_query("SELECT 1").await.unwrap();
+    }
+    drop((first, second, third));
+    pgmemo.shutdown().await;
+}
