@@ -5,12 +5,14 @@
 //! session (startup, authentication, relaying), [`pool`] lends it server connections, and
 //! [`shared`] is the one handle to process-wide state that every step receives.
 
+pub mod admin;
 pub mod auth;
 pub mod cancel;
 pub mod client;
 pub mod config;
 pub mod net;
 pub mod pool;
+pub mod registry;
 pub mod server;
 pub mod shared;
 pub mod stats;

@@ -157,6 +157,7 @@ async fn run(sources: ConfigSources, config: pgmemo::Config) -> Result<()> {
     let mut term = listen_for(SignalKind::terminate())?;
     let mut int = listen_for(SignalKind::interrupt())?;
     let handle = Pgmemo::start(config).await.map_err(flat)?;
+    handle.set_reloader(admin_reloader(sources.clone(), log.clone()));
     let stop = handle.stop_token();
     loop {
         tokio::select! {
@@ -204,8 +205,23 @@ fn reload(sources: &ConfigSources, handle: &PgmemoHandle, log: &LogHandle) {
         tracing::error!("keeping the running configuration: {e}");
         return;
     }
+    apply_log_level(&level, log);
+}
+
+/// What the admin console's `RELOAD` runs: the same sources as SIGHUP, and the log filter.
+fn admin_reloader(sources: ConfigSources, log: LogHandle) -> pgmemo::shared::Reloader {
+    std::sync::Arc::new(move || {
+        tracing::info!("RELOAD from the admin console");
+        let new = config::load(&sources).map_err(|e| e.to_string())?;
+        apply_log_level(&new.log_level, &log);
+        Ok(new)
+    })
+}
+
+/// Switches the log filter to `log_level`, unless `PGMEMO_LOG` pins it.
+fn apply_log_level(level: &str, log: &LogHandle) {
     if log_env().is_none() {
-        match EnvFilter::try_new(&level) {
+        match EnvFilter::try_new(level) {
             Ok(filter) => {
                 if let Err(e) = log.reload(filter) {
                     tracing::error!("cannot change the log filter: {e}");

@@ -13,8 +13,13 @@ use crate::auth::Userlist;
 use crate::cancel::CancelRegistry;
 use crate::config::Config;
 use crate::pool::Pools;
+use crate::registry::ClientRegistry;
 use crate::stats::Stats;
 use crate::tls::{ClientTls, UpstreamTls};
+
+/// Reads the configuration again from where it came from (file, environment, flags), for
+/// `RELOAD` in the admin console; the binary installs one, tests may.
+pub type Reloader = std::sync::Arc<dyn Fn() -> Result<Config, String> + Send + Sync>;
 
 /// Process-wide state shared by all sessions.
 pub struct Shared {
@@ -29,13 +34,16 @@ pub struct Shared {
     pub cancels: CancelRegistry,
     /// Counters for the admin console and metrics.
     pub stats: Stats,
+    /// Clients logged in now, for `SHOW CLIENTS`.
+    pub clients: ClientRegistry,
+    reloader: std::sync::Mutex<Option<Reloader>>,
     /// Every client task, so shutdown can wait for them.
     pub sessions: TaskTracker,
     /// Cancelled when pgmemo stops accepting: idle sessions close, busy ones finish.
     pub stop_accepting: CancellationToken,
     /// Cancelled when the shutdown grace period is over: every session closes now.
     pub terminate_sessions: CancellationToken,
-    clients: AtomicUsize,
+    client_slots: AtomicUsize,
 }
 
 impl Shared {
@@ -52,10 +60,12 @@ impl Shared {
             pools: Pools::default(),
             cancels: CancelRegistry::default(),
             stats: Stats::default(),
+            clients: ClientRegistry::default(),
+            reloader: std::sync::Mutex::new(None),
             sessions: TaskTracker::new(),
             stop_accepting: CancellationToken::new(),
             terminate_sessions: CancellationToken::new(),
-            clients: AtomicUsize::new(0),
+            client_slots: AtomicUsize::new(0),
         }))
     }
 
@@ -107,12 +117,28 @@ impl Shared {
         Ok(())
     }
 
+    /// Installs the function `RELOAD` uses to read the configuration again.
+    pub fn set_reloader(&self, reloader: Reloader) {
+        *self.reloader.lock().unwrap_or_else(|e| e.into_inner()) = Some(reloader);
+    }
+
+    /// `RELOAD`: reads the configuration again and applies it, as SIGHUP does.
+    pub fn reload_from_source(&self) -> Result<(), String> {
+        let reloader = self
+            .reloader
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or("this pgmemo has no configuration source to reload from")?;
+        self.reload(reloader()?)
+    }
+
     /// Counts a new client against `max_client_conn`; `None` means the limit is reached.
     pub fn admit_client(self: &Arc<Self>) -> Option<ClientSlot> {
         let max = self.config().max_client_conn;
-        let prev = self.clients.fetch_add(1, Ordering::AcqRel);
+        let prev = self.client_slots.fetch_add(1, Ordering::AcqRel);
         if prev >= max {
-            self.clients.fetch_sub(1, Ordering::AcqRel);
+            self.client_slots.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
         Some(ClientSlot {
@@ -122,7 +148,7 @@ impl Shared {
 
     /// Clients connected now.
     pub fn client_count(&self) -> usize {
-        self.clients.load(Ordering::Acquire)
+        self.client_slots.load(Ordering::Acquire)
     }
 }
 
@@ -133,6 +159,6 @@ pub struct ClientSlot {
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        self.shared.clients.fetch_sub(1, Ordering::AcqRel);
+        self.shared.client_slots.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -11,7 +11,6 @@ pub struct Stats {
     pub login_failures: AtomicU64,
     pub server_connects: AtomicU64,
     pub server_connect_failures: AtomicU64,
-    pub server_resets: AtomicU64,
     pub servers_closed_dirty: AtomicU64,
     pub pool_wait_timeouts: AtomicU64,
     pub cancel_requests: AtomicU64,

@@ -18,3 +18,4 @@ pub const SYNTAX_ERROR: &str = "42601";
 pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const INTERNAL_ERROR: &str = "XX000";
 pub const IDLE_IN_TRANSACTION_SESSION_TIMEOUT: &str = "25P03";
+pub const CONFIG_FILE_ERROR: &str = "F0000";

@@ -21,6 +21,7 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 
 pub use conn::ClientConn;
+pub(crate) use login::login as login_for_admin;
 pub use login::pool_settings;
 
 /// Why a client session ended abnormally. Each variant maps to the ErrorResponse the client

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::BytesMut;
 use tokio::net::TcpStream;
@@ -14,6 +14,7 @@ use super::login::{login, pool_settings};
 use super::relay::{self, End};
 use super::startup::{self, Opening};
 use super::{ClientConn, ClientError};
+use crate::registry::ClientInfo;
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -48,6 +49,10 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         .filter(|d| !d.is_empty())
         .unwrap_or(&user)
         .to_owned();
+    if database == crate::admin::ADMIN_DATABASE {
+        crate::admin::serve(client, startup, shared).await;
+        return;
+    }
 
     let wait = login_timeout + shared.config().query_wait_timeout.0;
     let logged_in = tokio::select! {
@@ -87,6 +92,14 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     }
     let started = Instant::now();
     tracing::info!(%peer, %user, %database, tls = client.stream.is_tls(), "client logged in");
+    let _listed = shared.clients.add(ClientInfo {
+        peer,
+        user: user.clone(),
+        database: database.clone(),
+        tls: client.stream.is_tls(),
+        connected_at: SystemTime::now(),
+        admin: false,
+    });
 
     let max_message = shared.config().max_message_size.0;
     let (end, state) = relay::run(&mut client, &mut server, &shared, max_message).await;

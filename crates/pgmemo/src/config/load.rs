@@ -20,6 +20,7 @@ const NON_CONFIG_ENV: &[&str] = &["PGMEMO_CONFIG", "PGMEMO_LOG"];
 const KEYS: &[&str] = &[
     "listen",
     "worker_threads",
+    "admin_users",
     "upstream",
     "pool_mode",
     "pool_size",

@@ -129,6 +129,9 @@ pub struct Config {
     pub databases: BTreeMap<String, DatabaseConfig>,
     /// Threads serving clients; 0 means one per CPU core. Restart.
     pub worker_threads: usize,
+    /// Roles allowed into the admin console (database `pgmemo`); empty means the roles that
+    /// are superusers on the upstream. Runtime.
+    pub admin_users: Vec<String>,
 }
 
 impl Default for Config {
@@ -157,6 +160,7 @@ impl Default for Config {
             log_level: "info".to_owned(),
             databases: BTreeMap::new(),
             worker_threads: 0,
+            admin_users: Vec::new(),
         }
     }
 }

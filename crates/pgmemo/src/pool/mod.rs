@@ -216,6 +216,12 @@ impl Pool {
         (st.idle.len(), st.total)
     }
 
+    /// Clients holding a place in the pool now (connected sessions in session pooling).
+    pub fn leases(&self) -> usize {
+        let owed = self.shrink_debt.load(Ordering::Acquire);
+        (self.size() + owed).saturating_sub(self.semaphore.available_permits())
+    }
+
     /// The configured size.
     pub fn size(&self) -> usize {
         self.size.load(Ordering::Acquire)

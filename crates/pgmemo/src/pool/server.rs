@@ -176,12 +176,13 @@ impl ServerConn {
         let mut key_scram: Option<ScramKeyClient> = None;
         loop {
             let frame = self.read_frame().await?;
+            let tag = frame.tag();
             let auth = match BackendMessage::decode(frame)? {
                 BackendMessage::Authentication(a) => a,
                 BackendMessage::ErrorResponse(e) => return Err(ServerError::Server(e)),
                 BackendMessage::NegotiateProtocolVersion { .. } => continue,
                 BackendMessage::NoticeResponse(_) => continue,
-                other => return Err(ServerError::Unexpected(tag_of(&other))),
+                _ => return Err(ServerError::Unexpected(tag)),
             };
             let need_pw = || password.ok_or_else(|| ServerError::NoPassword(user.to_owned()));
             match auth {
@@ -261,6 +262,7 @@ impl ServerConn {
     pub async fn finish_startup(&mut self) -> Result<(), ServerError> {
         loop {
             let frame = self.read_frame().await?;
+            let tag = frame.tag();
             match BackendMessage::decode(frame)? {
                 BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
                 BackendMessage::BackendKeyData(key) => self.key = Some(key),
@@ -271,7 +273,7 @@ impl ServerConn {
                 BackendMessage::ErrorResponse(e) => return Err(ServerError::Server(e)),
                 BackendMessage::NoticeResponse(_)
                 | BackendMessage::NegotiateProtocolVersion { .. } => {}
-                other => return Err(ServerError::Unexpected(tag_of(&other))),
+                _ => return Err(ServerError::Unexpected(tag)),
             }
         }
     }
@@ -311,6 +313,37 @@ impl ServerConn {
         }
     }
 
+    /// Runs a simple query and returns its rows as text (NULL as `None`), for the few catalog
+    /// questions pgmemo asks itself (e.g. "is this role a superuser?").
+    pub async fn query_text_rows(
+        &mut self,
+        sql: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        self.send(&frontend::query(sql)).await?;
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                b'D' => rows.push(text_columns(frame.body())?),
+                b'Z' | b'S' | b'E' => match BackendMessage::decode(frame)? {
+                    BackendMessage::ReadyForQuery(status) => {
+                        self.status = status;
+                        return match error {
+                            Some(e) => Err(ServerError::Server(e)),
+                            None => Ok(rows),
+                        };
+                    }
+                    BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
+                    BackendMessage::ErrorResponse(e) => error = Some(e),
+                    _ => {}
+                },
+                b'G' | b'H' | b'W' => return Err(ServerError::Unexpected(frame.tag())),
+                _ => {}
+            }
+        }
+    }
+
     /// Where to send a cancel for this connection.
     pub fn cancel_target(&self) -> Option<ServerCancelTarget> {
         self.key.map(|key| ServerCancelTarget {
@@ -330,17 +363,24 @@ impl ServerConn {
     }
 }
 
-fn tag_of(msg: &BackendMessage) -> u8 {
-    match msg {
-        BackendMessage::Authentication(_) => b'R',
-        BackendMessage::ParameterStatus { .. } => b'S',
-        BackendMessage::BackendKeyData(_) => b'K',
-        BackendMessage::ReadyForQuery(_) => b'Z',
-        BackendMessage::ErrorResponse(_) => b'E',
-        BackendMessage::NoticeResponse(_) => b'N',
-        BackendMessage::NegotiateProtocolVersion { .. } => b'v',
-        BackendMessage::Other(f) => f.tag(),
+/// The columns of a DataRow body as text.
+fn text_columns(body: &[u8]) -> Result<Vec<Option<String>>, ServerError> {
+    let truncated = || ServerError::Protocol(WireError::Truncated);
+    let count = i16::from_be_bytes(body.get(..2).ok_or_else(truncated)?.try_into().unwrap());
+    let mut rest = &body[2..];
+    let mut out = Vec::with_capacity(count.max(0) as usize);
+    for _ in 0..count {
+        let len = i32::from_be_bytes(rest.get(..4).ok_or_else(truncated)?.try_into().unwrap());
+        rest = &rest[4..];
+        if len < 0 {
+            out.push(None);
+            continue;
+        }
+        let value = rest.get(..len as usize).ok_or_else(truncated)?;
+        out.push(Some(String::from_utf8_lossy(value).into_owned()));
+        rest = &rest[len as usize..];
     }
+    Ok(out)
 }
 
 async fn negotiate_tls(mut tcp: FastTcp, tls: &UpstreamTls) -> Result<ServerStream, ServerError> {

@@ -103,6 +103,11 @@ impl PgmemoHandle {
         &self.shared
     }
 
+    /// Installs what the admin console's `RELOAD` runs to read the configuration again.
+    pub fn set_reloader(&self, reloader: crate::shared::Reloader) {
+        self.shared.set_reloader(reloader);
+    }
+
     /// Applies a new configuration; settings marked "restart" in docs/configuration.md keep
     /// their old values (a warning names each one that differs).
     pub fn reload(&self, config: Config) -> Result<(), String> {

@@ -1,0 +1,217 @@
+//! The admin console: a client that connects to the virtual database `pgmemo` talks to pgmemo
+//! itself, PgBouncer-style, with `SHOW ...` commands and `RELOAD`.
+//!
+//! Who may: the roles in `admin_users`, or, when that list is empty, the roles that are
+//! superusers on the upstream. The client authenticates exactly as for a normal login (against
+//! the upstream URL's database, or `postgres`), so the console is as protected as the server.
+//! Anyone else gets 42501.
+
+mod command;
+mod show_clients;
+mod show_config;
+mod show_help;
+mod show_pools;
+mod show_stats;
+mod table;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::BytesMut;
+use wire::backend::{self, TransactionStatus};
+use wire::startup::StartupMessage;
+use wire::{sqlstate, ErrorResponse};
+
+pub use command::AdminCommand;
+pub use table::Table;
+
+use crate::client::{ClientConn, ClientError};
+use crate::pool::{ReleaseState, ServerConn};
+use crate::registry::ClientInfo;
+use crate::shared::Shared;
+
+/// The database name that reaches the console instead of a server.
+pub const ADMIN_DATABASE: &str = "pgmemo";
+
+/// Largest query the console accepts; its commands are short.
+const MAX_ADMIN_MESSAGE: usize = 64 * 1024;
+
+/// Runs an admin session: authenticate, check the role, then answer commands until the client
+/// leaves.
+pub async fn serve(mut client: ClientConn, startup: StartupMessage, shared: Arc<Shared>) {
+    let peer = client.peer;
+    let user = startup.param("user").unwrap_or_default().to_owned();
+    match authorize(&mut client, &startup, &shared).await {
+        Ok(()) => {}
+        Err(e) => {
+            tracing::info!(%peer, %user, error = %e, "admin console login refused");
+            if let Some(err) = e.to_error_response() {
+                client.send_error(&err).await;
+            }
+            return;
+        }
+    }
+    let _entry = shared.clients.add(ClientInfo {
+        peer,
+        user: user.clone(),
+        database: ADMIN_DATABASE.to_owned(),
+        tls: client.stream.is_tls(),
+        connected_at: SystemTime::now(),
+        admin: true,
+    });
+    tracing::info!(%peer, %user, "admin console session opened");
+    if let Err(e) = command_loop(&mut client, &shared, peer).await {
+        tracing::debug!(%peer, error = %e, "admin console session ended");
+    }
+}
+
+/// Authenticates the client like any login (relayed or local), then checks it is an admin.
+async fn authorize(
+    client: &mut ClientConn,
+    startup: &StartupMessage,
+    shared: &Arc<Shared>,
+) -> Result<(), ClientError> {
+    let config = shared.config();
+    let mut auth_startup = startup.clone();
+    let auth_db = config
+        .upstream
+        .database
+        .clone()
+        .unwrap_or_else(|| "postgres".to_owned());
+    auth_startup.params.retain(|(k, _)| k != "database");
+    auth_startup.params.push(("database".to_owned(), auth_db));
+    let user = startup.param("user").unwrap_or_default().to_owned();
+    let wait = config.client_login_timeout.0 + config.query_wait_timeout.0;
+    let admins = config.admin_users.clone();
+    drop(config);
+    let (_route, lease, mut server) = tokio::time::timeout(
+        wait,
+        crate::client::login_for_admin(client, shared, &auth_startup),
+    )
+    .await
+    .map_err(|_| ClientError::LoginTimeout)??;
+    let allowed = if admins.is_empty() {
+        is_superuser(&mut server).await
+    } else {
+        admins.contains(&user)
+    };
+    lease.release(
+        server,
+        ReleaseState::Boundary(TransactionStatus::Idle),
+        crate::client::pool_settings(&shared.config()),
+    );
+    if !allowed {
+        return Err(ClientError::Refused(
+            ErrorResponse::fatal(
+                sqlstate::INSUFFICIENT_PRIVILEGE,
+                format!("permission denied for the pgmemo admin console to role \"{user}\""),
+            )
+            .with_hint("List the role in admin_users, or connect as a superuser of the server."),
+        ));
+    }
+    Ok(())
+}
+
+async fn is_superuser(server: &mut ServerConn) -> bool {
+    match server
+        .query_text_rows("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        .await
+    {
+        Ok(rows) => rows
+            .first()
+            .and_then(|r| r.first())
+            .is_some_and(|v| v.as_deref() == Some("t")),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check whether the role is a superuser");
+            false
+        }
+    }
+}
+
+async fn command_loop(
+    client: &mut ClientConn,
+    shared: &Arc<Shared>,
+    _peer: SocketAddr,
+) -> Result<(), ClientError> {
+    let mut hello = BytesMut::new();
+    for (k, v) in [
+        ("server_version", "15.0 (pgmemo admin console)"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+        ("application_name", ""),
+    ] {
+        hello.extend_from_slice(&backend::parameter_status(k, v));
+    }
+    let registration = shared.cancels.register();
+    hello.extend_from_slice(&backend::backend_key_data(registration.key));
+    hello.extend_from_slice(&backend::ready_for_query(TransactionStatus::Idle));
+    client.send(&hello).await?;
+    let mut extended_error = false;
+    loop {
+        let frame = client.read_frame(MAX_ADMIN_MESSAGE).await?;
+        let mut out = BytesMut::new();
+        match frame.tag() {
+            b'X' => return Ok(()),
+            b'Q' => {
+                let sql = String::from_utf8_lossy(frame.body());
+                let sql = sql.trim_end_matches('\0');
+                answer(shared, AdminCommand::parse(sql), &mut out);
+                out.extend_from_slice(&backend::ready_for_query(TransactionStatus::Idle));
+            }
+            b'S' => {
+                if std::mem::take(&mut extended_error) {
+                    ErrorResponse::error(
+                        sqlstate::FEATURE_NOT_SUPPORTED,
+                        "the pgmemo admin console accepts only simple queries",
+                    )
+                    .encode_into(&mut out);
+                }
+                out.extend_from_slice(&backend::ready_for_query(TransactionStatus::Idle));
+            }
+            b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'F' => extended_error = true,
+            other => {
+                return Err(ClientError::Protocol(wire::WireError::UnexpectedTag(other)));
+            }
+        }
+        if !out.is_empty() {
+            client.send(&out).await?;
+        }
+    }
+}
+
+/// Encodes the answer to one command.
+fn answer(shared: &Shared, command: AdminCommand, out: &mut BytesMut) {
+    let table = match command {
+        AdminCommand::ShowPools => show_pools::show_pools(shared),
+        AdminCommand::ShowClients => show_clients::show_clients(shared),
+        AdminCommand::ShowStats => show_stats::show_stats(shared),
+        AdminCommand::ShowConfig => show_config::show_config(shared),
+        AdminCommand::ShowVersion => show_help::show_version(),
+        AdminCommand::ShowHelp => show_help::show_help(),
+        AdminCommand::Empty => {
+            backend::empty_query_response(out);
+            return;
+        }
+        AdminCommand::Reload => {
+            match shared.reload_from_source() {
+                Ok(()) => backend::command_complete("RELOAD", out),
+                Err(e) => ErrorResponse::error(sqlstate::CONFIG_FILE_ERROR, e).encode_into(out),
+            }
+            return;
+        }
+        AdminCommand::Unknown(text) => {
+            ErrorResponse::error(
+                sqlstate::SYNTAX_ERROR,
+                format!("unknown pgmemo admin command: {text}"),
+            )
+            .with_hint("SHOW HELP lists the commands.")
+            .encode_into(out);
+            return;
+        }
+    };
+    table.encode(out);
+}

@@ -1,0 +1,170 @@
+//! The admin console: the virtual database `pgmemo` answers SHOW commands and RELOAD for
+//! superusers of the upstream (or the roles in `admin_users`) and refuses everyone else with
+//! 42501.
+
+use std::sync::Arc;
+
+use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+async fn cluster() -> TempPostgres {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql("CREATE ROLE plain_user LOGIN; CREATE ROLE ops LOGIN;")
+        .await;
+    pg
+}
+
+async fn admin(memo: &PgmemoInstance, user: &str) -> Result<Client, tokio_postgres::Error> {
+    let (client, conn) =
+        tokio_postgres::connect(&memo.url(user, "pgmemo"), tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// Rows of a simple query as (column name → value) maps, in order.
+async fn rows(client: &Client, sql: &str) -> Vec<Vec<(String, Option<String>)>> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(
+                r.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), r.get(i).map(str::to_owned)))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+fn value<'a>(row: &'a [(String, Option<String>)], column: &str) -> &'a str {
+    row.iter()
+        .find(|(c, _)| c == column)
+        .and_then(|(_, v)| v.as_deref())
+        .unwrap_or_else(|| panic!("no column {column} in {row:?}"))
+}
+
+#[tokio::test]
+async fn superuser_sees_pools_clients_stats_config_and_version() {
+    let pg = cluster().await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.upstream = pgmemo::config::UpstreamUrl::parse(&format!(
+        "postgres://ops:s3cret@127.0.0.1:{}",
+        pg.port()
+    ))
+    .unwrap();
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let app = memo.client("postgres", "postgres").await;
+    app.simple_query("SELECT 1").await.unwrap();
+
+    let console = admin(&memo, "postgres").await.expect("superuser gets in");
+    // The console's own login borrowed a connection of that pool and gives it back after a
+    // reset in the background; then only the application holds a place.
+    let app_pool = || async {
+        rows(&console, "SHOW POOLS")
+            .await
+            .into_iter()
+            .find(|r| value(r, "database") == "postgres" && value(r, "user") == "postgres")
+            .expect("the application's pool is listed")
+    };
+    testkit::assert_eventually(
+        std::time::Duration::from_secs(10),
+        "SHOW POOLS counts the application's client",
+        || async { value(&app_pool().await, "clients") == "1" },
+    )
+    .await;
+    assert_eq!(value(&app_pool().await, "pool_size"), "20");
+
+    let clients = rows(&console, "show clients;").await;
+    assert!(clients
+        .iter()
+        .any(|r| value(r, "database") == "postgres" && value(r, "admin") == "false"));
+    assert!(clients
+        .iter()
+        .any(|r| value(r, "database") == "pgmemo" && value(r, "admin") == "true"));
+
+    let stats = rows(&console, "SHOW STATS").await;
+    let accepted = stats
+        .iter()
+        .find(|r| value(r, "name") == "clients_accepted")
+        .expect("clients_accepted counter");
+    assert!(value(accepted, "value").parse::<u64>().unwrap() >= 2);
+
+    let config = rows(&console, "SHOW CONFIG").await;
+    let upstream = config
+        .iter()
+        .find(|r| value(r, "key") == "upstream")
+        .expect("upstream setting");
+    assert!(
+        !value(upstream, "value").contains("s3cret"),
+        "password shown"
+    );
+
+    let version = rows(&console, "SHOW VERSION").await;
+    assert!(value(&version[0], "version").starts_with("pgmemo "));
+    assert!(!rows(&console, "SHOW HELP").await.is_empty());
+
+    let err = console.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::SYNTAX_ERROR));
+    // The extended protocol is refused with a clear error, and the session goes on.
+    let err = console.query("SHOW POOLS", &[]).await.unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::FEATURE_NOT_SUPPORTED));
+    assert!(!rows(&console, "SHOW POOLS").await.is_empty());
+}
+
+#[tokio::test]
+async fn non_superusers_are_refused_with_42501() {
+    let pg = cluster().await;
+    let memo = spawn_pgmemo(pgmemo_config_for(pg.port())).await.unwrap();
+    let err = admin(&memo, "plain_user").await.err().expect("refused");
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+    // The refusal does not affect normal use by the same role.
+    let client = memo.client("plain_user", "postgres").await;
+    client.simple_query("SELECT 1").await.unwrap();
+}
+
+#[tokio::test]
+async fn admin_users_replaces_the_superuser_rule() {
+    let pg = cluster().await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.admin_users = vec!["ops".to_owned()];
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let console = admin(&memo, "ops").await.expect("listed role gets in");
+    assert!(!rows(&console, "SHOW STATS").await.is_empty());
+    let err = admin(&memo, "postgres")
+        .await
+        .err()
+        .expect("unlisted superuser refused");
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
+}
+
+#[tokio::test]
+async fn reload_applies_the_configuration_source() {
+    let pg = cluster().await;
+    let base = pgmemo_config_for(pg.port());
+    let memo = spawn_pgmemo(base.clone()).await.unwrap();
+    let console = admin(&memo, "postgres").await.unwrap();
+    // Without a configuration source there is nothing to reload from.
+    let err = console.simple_query("RELOAD").await.unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::CONFIG_FILE_ERROR), "{err}");
+
+    let mut next = base.clone();
+    next.pool_size = 7;
+    memo.handle()
+        .set_reloader(Arc::new(move || Ok(next.clone())));
+    console.simple_query("RELOAD").await.expect("RELOAD works");
+    let config = rows(&console, "SHOW CONFIG").await;
+    let size = config
+        .iter()
+        .find(|r| value(r, "key") == "pool_size")
+        .expect("pool_size setting");
+    assert_eq!(value(size, "value"), "7");
+}
