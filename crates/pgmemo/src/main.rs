@@ -125,13 +125,20 @@ fn main() -> ExitCode {
 /// fewer threads than cores cost less CPU per message when pgmemo shares the machine with its
 /// clients or the server, more scale further.
 fn runtime(worker_threads: usize) -> Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if worker_threads > 0 {
-        builder.worker_threads(worker_threads);
-    }
+    // One thread: tokio's single-threaded scheduler, which skips the work-stealing machinery
+    // (cheaper per wake-up); more: the multi-threaded one.
+    let mut builder = if worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if worker_threads > 0 {
+            b.worker_threads(worker_threads);
+        }
+        b.thread_name("pgmemo-worker");
+        b
+    };
     builder
         .enable_all()
-        .thread_name("pgmemo-worker")
         .build()
         .context("cannot start the tokio runtime")
 }
