@@ -206,7 +206,7 @@ impl Raw {
             match self.expect_message().await {
                 BackendMessage::ReadyForQuery(status) => return (values, status),
                 BackendMessage::ErrorResponse(e) => panic!("query {sql:?} failed: {e}"),
-                BackendMessage::Other(f) if f.tag() == b'D' => values.push(first_column(f.body())),
+                BackendMessage::DataRow(row) => values.push(first_column(row.body())),
                 _ => {}
             }
         }
@@ -708,7 +708,7 @@ async fn query_sent_together_with_the_startup_packet() {
             match raw.expect_message().await {
                 BackendMessage::ReadyForQuery(TransactionStatus::Idle) => break,
                 BackendMessage::ErrorResponse(e) => panic!("{e}"),
-                BackendMessage::Other(f) if f.tag() == b'D' => value = first_column(f.body()),
+                BackendMessage::DataRow(row) => value = first_column(row.body()),
                 _ => {}
             }
         }

@@ -93,6 +93,11 @@ impl ErrorResponse {
         put_message(out, b'E', |b| self.put_fields(b));
     }
 
+    /// Appends the NoticeResponse frame to `out`.
+    pub fn encode_notice_into(&self, out: &mut BytesMut) {
+        put_message(out, b'N', |b| self.put_fields(b));
+    }
+
     fn encode_as(&self, tag: u8) -> Bytes {
         let mut out = BytesMut::with_capacity(64 + self.message.len());
         put_message(&mut out, tag, |b| self.put_fields(b));

@@ -29,6 +29,10 @@ pub enum WireError {
     UnsupportedProtocol { major: u16, minor: u16 },
     #[error("invalid authentication message: {0}")]
     InvalidAuth(&'static str),
+    /// A body that does not match the layout its tag promises: bad counts, bad enum bytes or
+    /// bytes left over after the last field.
+    #[error("malformed message: {0}")]
+    Malformed(&'static str),
 }
 
 /// The fixed 5-byte prefix of a tagged message.

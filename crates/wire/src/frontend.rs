@@ -1,12 +1,20 @@
-//! Messages a client sends (`FrontendMessage`): the ones pgmemo reads during authentication and
-//! encoders for the ones pgmemo sends to servers as a client itself.
+//! Messages a client sends (`FrontendMessage`): typed decoding and encoding of every regular
+//! frontend message, plus the encoders pgmemo uses when it is itself the client of a server.
+//!
+//! On the query path this is the first thing that reads client bytes after framing: the session
+//! reads Query and the extended-protocol messages (see [`extended`]), authentication reads the
+//! 'p' messages, and everything is re-encoded byte for byte when relayed after a rewrite.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::buf::{put_cstr, put_message, Reader};
+use crate::buf::{as_text, put_cbytes, put_cstr, put_message, BodyReader, Reader};
 use crate::frame::{Frame, WireError};
 
-/// Frontend message type bytes that pgmemo looks at while relaying.
+pub mod extended;
+
+pub use extended::{Bind, Close, Describe, Execute, FunctionCall, Parse, Target};
+
+/// Frontend message type bytes, so that a relay can route frames by tag without decoding them.
 pub mod tag {
     pub const QUERY: u8 = b'Q';
     pub const PARSE: u8 = b'P';
@@ -24,38 +32,179 @@ pub mod tag {
     pub const TERMINATE: u8 = b'X';
 }
 
-/// The frontend messages pgmemo decodes; everything else is relayed as raw frames.
+/// A decoded client message. Each variant keeps the payload zero-copy where the protocol allows;
+/// [`FrontendMessage::encode`] writes back exactly what [`FrontendMessage::decode`] read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FrontendMessage {
-    /// Simple query.
-    Query {
-        sql: String,
-    },
+    /// Simple query: one or more statements, answered up to ReadyForQuery.
+    Query(Query),
+    /// Extended protocol: create a prepared statement.
+    Parse(Parse),
+    /// Extended protocol: bind parameters into a portal.
+    Bind(Bind),
+    /// Extended protocol: describe a statement or portal.
+    Describe(Describe),
+    /// Extended protocol: run a portal.
+    Execute(Execute),
+    /// Extended protocol: drop a statement or portal.
+    Close(Close),
+    /// Ends an extended-protocol request; the server answers with ReadyForQuery.
+    Sync,
+    /// Asks the server to send what it has buffered, without ending the request.
+    Flush,
+    /// COPY FROM STDIN data, relayed untouched.
+    CopyData(Bytes),
+    /// COPY FROM STDIN completed successfully.
+    CopyDone,
+    /// COPY FROM STDIN aborted by the client.
+    CopyFail(CopyFail),
+    /// Legacy fast-path function call.
+    FunctionCall(FunctionCall),
     /// A 'p' message: a password, SASL initial response or SASL response. Which one it is
     /// depends on the authentication exchange, so it is kept raw here; see [`SaslInitialResponse`].
-    Password {
-        body: Bytes,
-    },
+    Password { body: Bytes },
+    /// The client is closing the connection.
     Terminate,
-    Sync,
-    /// Any other message, kept whole.
+    /// A message with a type byte this crate does not know, kept whole.
     Other(Frame),
 }
 
 impl FrontendMessage {
-    /// Decodes a frame received from a client.
+    /// Decodes a frame received from a client. Malformed bodies (bad counts, truncation, trailing
+    /// bytes) are errors, never panics; unknown type bytes become [`FrontendMessage::Other`].
     pub fn decode(frame: Frame) -> Result<FrontendMessage, WireError> {
+        let body = frame.body_bytes();
         Ok(match frame.tag() {
-            tag::QUERY => FrontendMessage::Query {
-                sql: Reader::new(frame.body()).cstr()?.to_owned(),
-            },
-            tag::PASSWORD => FrontendMessage::Password {
-                body: frame.body_bytes(),
-            },
-            tag::TERMINATE => FrontendMessage::Terminate,
-            tag::SYNC => FrontendMessage::Sync,
+            tag::QUERY => FrontendMessage::Query(Query::decode(body)?),
+            tag::PARSE => FrontendMessage::Parse(Parse::decode(body)?),
+            tag::BIND => FrontendMessage::Bind(Bind::decode(body)?),
+            tag::DESCRIBE => FrontendMessage::Describe(Describe::decode(body)?),
+            tag::EXECUTE => FrontendMessage::Execute(Execute::decode(body)?),
+            tag::CLOSE => FrontendMessage::Close(Close::decode(body)?),
+            tag::SYNC => empty(body, FrontendMessage::Sync)?,
+            tag::FLUSH => empty(body, FrontendMessage::Flush)?,
+            tag::COPY_DATA => FrontendMessage::CopyData(body),
+            tag::COPY_DONE => empty(body, FrontendMessage::CopyDone)?,
+            tag::COPY_FAIL => FrontendMessage::CopyFail(CopyFail::decode(body)?),
+            tag::FUNCTION_CALL => FrontendMessage::FunctionCall(FunctionCall::decode(body)?),
+            tag::PASSWORD => FrontendMessage::Password { body },
+            tag::TERMINATE => empty(body, FrontendMessage::Terminate)?,
             _ => FrontendMessage::Other(frame),
         })
+    }
+
+    /// Appends the message as one frame to `out`, e.g. after a pooler renamed a statement.
+    ///
+    /// # Panics
+    /// Only for values the protocol cannot express (see the `encode` of each message).
+    pub fn encode(&self, out: &mut BytesMut) {
+        match self {
+            FrontendMessage::Query(m) => m.encode(out),
+            FrontendMessage::Parse(m) => m.encode(out),
+            FrontendMessage::Bind(m) => m.encode(out),
+            FrontendMessage::Describe(m) => m.encode(out),
+            FrontendMessage::Execute(m) => m.encode(out),
+            FrontendMessage::Close(m) => m.encode(out),
+            FrontendMessage::CopyFail(m) => m.encode(out),
+            FrontendMessage::FunctionCall(m) => m.encode(out),
+            FrontendMessage::CopyData(data) => {
+                put_message(out, tag::COPY_DATA, |b| b.extend_from_slice(data))
+            }
+            FrontendMessage::Password { body } => {
+                put_message(out, tag::PASSWORD, |b| b.extend_from_slice(body))
+            }
+            FrontendMessage::Sync
+            | FrontendMessage::Flush
+            | FrontendMessage::CopyDone
+            | FrontendMessage::Terminate => put_message(out, self.tag(), |_| {}),
+            FrontendMessage::Other(frame) => out.extend_from_slice(frame.raw()),
+        }
+    }
+
+    /// The type byte this message is sent with, for logs and routing without a second match.
+    pub fn tag(&self) -> u8 {
+        match self {
+            FrontendMessage::Query(_) => tag::QUERY,
+            FrontendMessage::Parse(_) => tag::PARSE,
+            FrontendMessage::Bind(_) => tag::BIND,
+            FrontendMessage::Describe(_) => tag::DESCRIBE,
+            FrontendMessage::Execute(_) => tag::EXECUTE,
+            FrontendMessage::Close(_) => tag::CLOSE,
+            FrontendMessage::Sync => tag::SYNC,
+            FrontendMessage::Flush => tag::FLUSH,
+            FrontendMessage::CopyData(_) => tag::COPY_DATA,
+            FrontendMessage::CopyDone => tag::COPY_DONE,
+            FrontendMessage::CopyFail(_) => tag::COPY_FAIL,
+            FrontendMessage::FunctionCall(_) => tag::FUNCTION_CALL,
+            FrontendMessage::Password { .. } => tag::PASSWORD,
+            FrontendMessage::Terminate => tag::TERMINATE,
+            FrontendMessage::Other(frame) => frame.tag(),
+        }
+    }
+}
+
+/// Accepts a message that has no body; bytes in it mean the peer is not speaking protocol 3.
+fn empty(body: Bytes, msg: FrontendMessage) -> Result<FrontendMessage, WireError> {
+    if body.is_empty() {
+        Ok(msg)
+    } else {
+        Err(WireError::Malformed(
+            "unexpected body in a message without fields",
+        ))
+    }
+}
+
+/// Simple Query. The text stays raw because the client encoding may not be UTF-8.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Query {
+    /// The SQL text in the client's encoding, without the terminating NUL.
+    pub sql: Bytes,
+}
+
+impl Query {
+    /// Decodes a Query body: one NUL-terminated string and nothing after it.
+    pub fn decode(body: Bytes) -> Result<Query, WireError> {
+        let mut r = BodyReader::new(body);
+        let sql = r.cstr()?;
+        r.finish("trailing bytes after Query")?;
+        Ok(Query { sql })
+    }
+
+    /// Appends the Query frame to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        put_message(out, tag::QUERY, |b| put_cbytes(b, &self.sql));
+    }
+
+    /// The SQL text when it is UTF-8, which the SQL analyser needs.
+    pub fn sql_str(&self) -> Option<&str> {
+        as_text(&self.sql)
+    }
+}
+
+/// CopyFail: the client aborts COPY FROM STDIN; the server answers with an ErrorResponse.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CopyFail {
+    /// The reason the client gives, in the client's encoding.
+    pub message: Bytes,
+}
+
+impl CopyFail {
+    /// Decodes a CopyFail body.
+    pub fn decode(body: Bytes) -> Result<CopyFail, WireError> {
+        let mut r = BodyReader::new(body);
+        let message = r.cstr()?;
+        r.finish("trailing bytes after CopyFail")?;
+        Ok(CopyFail { message })
+    }
+
+    /// Appends the CopyFail frame to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        put_message(out, tag::COPY_FAIL, |b| put_cbytes(b, &self.message));
+    }
+
+    /// The reason when it is UTF-8.
+    pub fn message_str(&self) -> Option<&str> {
+        as_text(&self.message)
     }
 }
 
@@ -137,29 +286,4 @@ pub fn sync() -> Bytes {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sasl_initial_round_trip() {
-        let raw = sasl_initial_response("SCRAM-SHA-256", b"n,,n=,r=abc");
-        let s = SaslInitialResponse::parse(&raw[5..]).unwrap();
-        assert_eq!(s.mechanism, "SCRAM-SHA-256");
-        assert_eq!(s.data, b"n,,n=,r=abc");
-        assert!(SaslInitialResponse::parse(b"SCRAM\0\0\0\0\x09abc").is_err());
-    }
-
-    #[test]
-    fn query_decodes() {
-        let mut buf = BytesMut::from(&query("select 1")[..]);
-        let f = Frame::decode(&mut buf, 1024).unwrap().unwrap();
-        assert_eq!(
-            FrontendMessage::decode(f).unwrap(),
-            FrontendMessage::Query {
-                sql: "select 1".into()
-            }
-        );
-        assert_eq!(parse_password(b"pw\0").unwrap(), "pw");
-        assert!(parse_password(b"pw").is_err());
-    }
-}
+mod tests;

@@ -15,6 +15,8 @@ pub mod sqlstate;
 pub mod startup;
 
 mod buf;
+#[cfg(test)]
+mod testutil;
 
 pub use error::{ErrorResponse, Severity};
 pub use frame::{Frame, FrameHeader, WireError};
