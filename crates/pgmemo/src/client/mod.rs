@@ -5,6 +5,7 @@
 mod auth;
 mod conn;
 mod login;
+mod quiet;
 mod relay;
 mod scan;
 mod session;

@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use wire::backend::TransactionStatus;
 use wire::{ErrorResponse, WireError};
 
+use super::quiet::Quiet;
 use super::scan::{Scanner, Verdict};
 use super::ClientConn;
 use crate::net::MaybeTls;
@@ -175,7 +176,7 @@ impl Pumps<'_> {
                 }
                 Ok(()) => End::ServerGone { fatal_forwarded: fatal() },
             },
-            _ = shutdown_when_idle(st, shared) => End::Shutdown,
+            _ = Quiet::new(shutdown_when_idle(st, shared)) => End::Shutdown,
         }
     }
 }
