@@ -1,0 +1,288 @@
+//! The walk behind [`StatementInfo`](crate::StatementInfo)'s relation, function and flag fields.
+//! It visits every node of a statement (through [`for_each_child`]) and gives meaning to the few
+//! that matter: relations, function calls, WITH scopes, locking clauses and write targets.
+
+use pg_query::protobuf::{self, node::Node as NodeEnum, Node, ObjectType, SqlValueFunctionOp};
+use pg_query::NodeRef;
+
+use crate::analysis::{FunctionName, RelationName, SqlValueFunction};
+use crate::children::for_each_child;
+use crate::text::name_parts;
+
+/// What a relation met during the walk means at that point of the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Its rows are read (FROM items and everything below a query).
+    Read,
+    /// Its rows or definition change (DML targets, TRUNCATE, DDL objects).
+    Write,
+    /// Named, but neither read nor written (VACUUM, LOCK).
+    Ignore,
+}
+
+/// Accumulates the findings of one statement.
+#[derive(Debug, Default)]
+pub(crate) struct Collector {
+    pub reads: Vec<RelationName>,
+    pub writes: Vec<RelationName>,
+    pub functions: Vec<FunctionName>,
+    pub sql_value_functions: Vec<SqlValueFunction>,
+    pub locking: bool,
+    pub data_modifying_cte: bool,
+    pub select_into: bool,
+    pub tablesample: bool,
+    /// Names of the CTEs in scope at the current point of the walk, innermost last.
+    ctes: Vec<String>,
+}
+
+impl Collector {
+    /// Walks `node`, treating relations not claimed by a statement as `role`.
+    pub fn visit(&mut self, node: NodeRef<'_>, role: Role) {
+        match node {
+            NodeRef::RangeVar(rv) => self.relation(rv, role),
+            NodeRef::FuncCall(call) => {
+                self.function(&call.funcname);
+                self.children(node, Role::Read);
+            }
+            NodeRef::SqlvalueFunction(f) => self.sql_value_function(f.op()),
+            NodeRef::SelectStmt(s) => {
+                self.select_into |= s.into_clause.is_some();
+                self.scoped(s.with_clause.as_ref(), |c| c.children(node, Role::Read));
+            }
+            NodeRef::InsertStmt(s) => self.insert(s),
+            NodeRef::UpdateStmt(s) => self.update(s),
+            NodeRef::DeleteStmt(s) => self.delete(s),
+            NodeRef::MergeStmt(s) => self.merge(s),
+            NodeRef::CopyStmt(s) => self.copy(s),
+            NodeRef::DropStmt(s) => self.drop(s),
+            // Visited by the statement owning it, inside the scope it opens.
+            NodeRef::WithClause(_) => {}
+            // `FOR UPDATE OF a` names FROM items (aliases), not relations.
+            NodeRef::LockingClause(_) => self.locking = true,
+            NodeRef::IntoClause(into) => {
+                if let Some(rel) = &into.rel {
+                    self.relation(rel, Role::Write);
+                }
+            }
+            NodeRef::RangeTableSample(_) => {
+                self.tablesample = true;
+                self.children(node, role);
+            }
+            _ => self.children(node, role),
+        }
+    }
+
+    fn children(&mut self, node: NodeRef<'_>, role: Role) {
+        for_each_child(node, &mut |child| self.visit(child, role));
+    }
+
+    fn node(&mut self, node: Option<&Node>, role: Role) {
+        if let Some(n) = node.and_then(|n| n.node.as_ref()) {
+            self.visit(n.to_ref(), role);
+        }
+    }
+
+    fn nodes(&mut self, nodes: &[Node], role: Role) {
+        for n in nodes {
+            self.node(Some(n), role);
+        }
+    }
+
+    fn returning(&mut self, returning: Option<&protobuf::ReturningClause>) {
+        if let Some(r) = returning {
+            self.visit(NodeRef::ReturningClause(r), Role::Read);
+        }
+    }
+
+    /// Runs `body` with the CTEs of `with` in scope, after walking the CTE bodies themselves.
+    /// A non-recursive CTE sees only the CTEs before it; a recursive WITH makes all of them
+    /// visible everywhere, including in their own bodies.
+    fn scoped(&mut self, with: Option<&protobuf::WithClause>, body: impl FnOnce(&mut Self)) {
+        let mark = self.ctes.len();
+        if let Some(with) = with {
+            let ctes: Vec<&protobuf::CommonTableExpr> = with
+                .ctes
+                .iter()
+                .filter_map(|n| match &n.node {
+                    Some(NodeEnum::CommonTableExpr(cte)) => Some(cte.as_ref()),
+                    _ => None,
+                })
+                .collect();
+            if with.recursive {
+                self.ctes.extend(ctes.iter().map(|cte| cte.ctename.clone()));
+            }
+            for cte in ctes {
+                let query = cte.ctequery.as_deref().and_then(|q| q.node.as_ref());
+                if let Some(query) = query {
+                    self.data_modifying_cte |= matches!(
+                        query,
+                        NodeEnum::InsertStmt(_)
+                            | NodeEnum::UpdateStmt(_)
+                            | NodeEnum::DeleteStmt(_)
+                            | NodeEnum::MergeStmt(_)
+                    );
+                    self.visit(query.to_ref(), Role::Read);
+                }
+                if !with.recursive {
+                    self.ctes.push(cte.ctename.clone());
+                }
+            }
+        }
+        body(self);
+        self.ctes.truncate(mark);
+    }
+
+    fn insert(&mut self, s: &protobuf::InsertStmt) {
+        let protobuf::InsertStmt {
+            relation,
+            cols,
+            select_stmt,
+            on_conflict_clause,
+            returning_clause,
+            with_clause,
+            r#override: _,
+        } = s;
+        self.scoped(with_clause.as_ref(), |c| {
+            c.target(relation.as_ref());
+            c.nodes(cols, Role::Read);
+            c.node(select_stmt.as_deref(), Role::Read);
+            if let Some(on_conflict) = on_conflict_clause {
+                c.visit(NodeRef::OnConflictClause(on_conflict), Role::Read);
+            }
+            c.returning(returning_clause.as_ref());
+        });
+    }
+
+    fn update(&mut self, s: &protobuf::UpdateStmt) {
+        let protobuf::UpdateStmt {
+            relation,
+            target_list,
+            where_clause,
+            from_clause,
+            returning_clause,
+            with_clause,
+        } = s;
+        self.scoped(with_clause.as_ref(), |c| {
+            c.target(relation.as_ref());
+            c.nodes(target_list, Role::Read);
+            c.node(where_clause.as_deref(), Role::Read);
+            c.nodes(from_clause, Role::Read);
+            c.returning(returning_clause.as_ref());
+        });
+    }
+
+    fn delete(&mut self, s: &protobuf::DeleteStmt) {
+        let protobuf::DeleteStmt {
+            relation,
+            using_clause,
+            where_clause,
+            returning_clause,
+            with_clause,
+        } = s;
+        self.scoped(with_clause.as_ref(), |c| {
+            c.target(relation.as_ref());
+            c.nodes(using_clause, Role::Read);
+            c.node(where_clause.as_deref(), Role::Read);
+            c.returning(returning_clause.as_ref());
+        });
+    }
+
+    fn merge(&mut self, s: &protobuf::MergeStmt) {
+        let protobuf::MergeStmt {
+            relation,
+            source_relation,
+            join_condition,
+            merge_when_clauses,
+            returning_clause,
+            with_clause,
+        } = s;
+        self.scoped(with_clause.as_ref(), |c| {
+            c.target(relation.as_ref());
+            c.node(source_relation.as_deref(), Role::Read);
+            c.node(join_condition.as_deref(), Role::Read);
+            c.nodes(merge_when_clauses, Role::Read);
+            c.returning(returning_clause.as_ref());
+        });
+    }
+
+    fn copy(&mut self, s: &protobuf::CopyStmt) {
+        let role = if s.is_from { Role::Write } else { Role::Read };
+        if let Some(rel) = &s.relation {
+            self.relation(rel, role);
+        }
+        self.node(s.query.as_deref(), Role::Read);
+        self.node(s.where_clause.as_deref(), Role::Read);
+    }
+
+    /// `DROP TABLE/VIEW/...` names its objects as lists of strings, not as relations.
+    fn drop(&mut self, s: &protobuf::DropStmt) {
+        let relation_like = matches!(
+            s.remove_type(),
+            ObjectType::ObjectTable
+                | ObjectType::ObjectView
+                | ObjectType::ObjectMatview
+                | ObjectType::ObjectForeignTable
+                | ObjectType::ObjectSequence
+        );
+        if !relation_like {
+            return;
+        }
+        for object in &s.objects {
+            if let Some(NodeEnum::List(list)) = &object.node {
+                if let Some(name) = RelationName::from_parts(&name_parts(&list.items)) {
+                    push_unique(&mut self.writes, name);
+                }
+            }
+        }
+    }
+
+    fn target(&mut self, relation: Option<&protobuf::RangeVar>) {
+        if let Some(rel) = relation {
+            self.relation(rel, Role::Write);
+        }
+    }
+
+    fn relation(&mut self, rv: &protobuf::RangeVar, role: Role) {
+        let schema = (!rv.schemaname.is_empty()).then_some(rv.schemaname.as_str());
+        let list = match role {
+            Role::Ignore => return,
+            // An unqualified name in a CTE's scope refers to the CTE.
+            Role::Read if schema.is_none() && self.ctes.contains(&rv.relname) => return,
+            Role::Read => &mut self.reads,
+            Role::Write => &mut self.writes,
+        };
+        push_unique(list, RelationName::new(schema, &rv.relname));
+    }
+
+    fn function(&mut self, funcname: &[Node]) {
+        if let Some(name) = FunctionName::from_parts(&name_parts(funcname)) {
+            push_unique(&mut self.functions, name);
+        }
+    }
+
+    fn sql_value_function(&mut self, op: SqlValueFunctionOp) {
+        use SqlValueFunction as F;
+        use SqlValueFunctionOp as Op;
+        let f = match op {
+            Op::SqlvalueFunctionOpUndefined => return,
+            Op::SvfopCurrentDate => F::CurrentDate,
+            Op::SvfopCurrentTime | Op::SvfopCurrentTimeN => F::CurrentTime,
+            Op::SvfopCurrentTimestamp | Op::SvfopCurrentTimestampN => F::CurrentTimestamp,
+            Op::SvfopLocaltime | Op::SvfopLocaltimeN => F::LocalTime,
+            Op::SvfopLocaltimestamp | Op::SvfopLocaltimestampN => F::LocalTimestamp,
+            Op::SvfopCurrentRole => F::CurrentRole,
+            Op::SvfopCurrentUser => F::CurrentUser,
+            Op::SvfopUser => F::User,
+            Op::SvfopSessionUser => F::SessionUser,
+            Op::SvfopCurrentCatalog => F::CurrentCatalog,
+            Op::SvfopCurrentSchema => F::CurrentSchema,
+        };
+        push_unique(&mut self.sql_value_functions, f);
+    }
+}
+
+fn push_unique<T: PartialEq>(list: &mut Vec<T>, item: T) {
+    if !list.contains(&item) {
+        list.push(item);
+    }
+}
