@@ -252,9 +252,7 @@ where
                 return Ok(true);
             }
         }
-        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-            buf.reserve(READ_CHUNK);
-        }
+        refill_position(buf);
         if reader.read_buf(buf).await.map_err(PumpError::Client)? == 0 {
             return Ok(false);
         }
@@ -312,12 +310,20 @@ where
                 st.idle.notify_waiters();
             }
         }
-        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-            buf.reserve(READ_CHUNK);
-        }
+        refill_position(buf);
         if reader.read_buf(buf).await.map_err(PumpError::Server)? == 0 {
             return Err(PumpError::Server(std::io::ErrorKind::UnexpectedEof.into()));
         }
+    }
+}
+
+/// Makes room for the next read. An emptied buffer starts again at the front of its allocation
+/// (`reserve` on an empty, unshared BytesMut moves no bytes), so a session keeps reading into the
+/// same few cache lines instead of walking through its whole buffer message by message: with
+/// many sessions that walk costs cache misses on every message.
+fn refill_position(buf: &mut BytesMut) {
+    if buf.is_empty() || buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
     }
 }
 
