@@ -153,7 +153,10 @@ impl Pumps<'_> {
     {
         let st = self.st;
         let fatal = || st.server_fatal.load(Ordering::Relaxed);
+        // Fixed polling order: each branch is a loop that runs for the whole session, so
+        // select!'s random start (a thread-local RNG draw per wake-up) buys no fairness here.
         tokio::select! {
+            biased;
             r = client_to_server(cr, self.client_buf, sw, st, self.max_message) => match r {
                 Ok(true) => End::ClientTerminated,
                 Ok(false) => End::ClientGone(None),
