@@ -194,6 +194,32 @@ const MASK: &str = "********";
 mod tests {
     use super::*;
 
+    /// The full example in docs/configuration.md must stay a valid configuration: every key
+    /// known, every value of the right type, and accepted by validation apart from the files
+    /// it names, which do not exist here.
+    #[test]
+    fn documented_full_example_parses() {
+        let doc = include_str!("../../../../docs/configuration.md");
+        let start = doc.find("## Full example").expect("section");
+        let body = &doc[start..];
+        let toml_start = body.find("```toml").expect("toml block") + "```toml".len();
+        let toml_end = body[toml_start..].find("```").expect("block end") + toml_start;
+        let example = &body[toml_start..toml_end];
+        let config: Config = toml::from_str(example).expect("example parses");
+        assert_eq!(config.pool_mode, PoolMode::Session);
+        let problems = match load::validate(&config) {
+            Ok(()) => Vec::new(),
+            Err(ConfigError::Invalid(p)) => p,
+            Err(e) => panic!("{e}"),
+        };
+        for p in problems {
+            assert!(
+                p.contains("/etc/pgmemo") || p.contains("does not exist") || p.contains("not found"),
+                "documented example is invalid: {p}"
+            );
+        }
+    }
+
     #[test]
     fn rendering_masks_passwords() {
         let mut c = Config {
