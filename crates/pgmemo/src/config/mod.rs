@@ -214,7 +214,9 @@ mod tests {
         };
         for p in problems {
             assert!(
-                p.contains("/etc/pgmemo") || p.contains("does not exist") || p.contains("not found"),
+                p.contains("/etc/pgmemo")
+                    || p.contains("does not exist")
+                    || p.contains("not found"),
                 "documented example is invalid: {p}"
             );
         }
