@@ -14,7 +14,6 @@ mod show_pools;
 mod show_stats;
 mod table;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -61,7 +60,7 @@ pub async fn serve(mut client: ClientConn, startup: StartupMessage, shared: Arc<
         admin: true,
     });
     tracing::info!(%peer, %user, "admin console session opened");
-    if let Err(e) = command_loop(&mut client, &shared, peer).await {
+    if let Err(e) = command_loop(&mut client, &shared).await {
         tracing::debug!(%peer, error = %e, "admin console session ended");
     }
 }
@@ -129,11 +128,7 @@ async fn is_superuser(server: &mut ServerConn) -> bool {
     }
 }
 
-async fn command_loop(
-    client: &mut ClientConn,
-    shared: &Arc<Shared>,
-    _peer: SocketAddr,
-) -> Result<(), ClientError> {
+async fn command_loop(client: &mut ClientConn, shared: &Arc<Shared>) -> Result<(), ClientError> {
     let mut hello = BytesMut::new();
     for (k, v) in [
         ("server_version", "15.0 (pgmemo admin console)"),

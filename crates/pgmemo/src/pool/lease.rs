@@ -52,18 +52,14 @@ impl Lease {
     ) -> Option<ServerConn> {
         debug_assert!(!self.counted);
         loop {
-            let conn = {
+            let mut conn = {
                 let mut st = self.pool.state();
                 let pos = st.idle.iter().rposition(|c| c.fingerprint == fingerprint)?;
                 st.idle.remove(pos)
             }?;
             self.counted = true;
             let now = Instant::now();
-            let expired = now.duration_since(conn.created) >= settings.server_lifetime
-                || now.duration_since(conn.last_used) >= settings.server_idle_timeout
-                || conn.stream.peer_closed_or_spoke();
-            let mut conn = conn;
-            let healthy = !expired
+            let healthy = !conn.expired(settings, now)
                 && (now.duration_since(conn.last_used) < settings.server_check_delay
                     || settings.server_check_query.is_empty()
                     || conn

@@ -233,10 +233,7 @@ impl Pool {
         let mut expired = Vec::new();
         let mut keep = VecDeque::with_capacity(st.idle.len());
         while let Some(c) = st.idle.pop_front() {
-            if now.duration_since(c.last_used) >= settings.server_idle_timeout
-                || now.duration_since(c.created) >= settings.server_lifetime
-                || c.stream.peer_closed_or_spoke()
-            {
+            if c.expired(settings, now) {
                 expired.push(c);
             } else {
                 keep.push_back(c);

@@ -278,6 +278,14 @@ impl ServerConn {
         }
     }
 
+    /// Whether an idle connection must be closed rather than lent: past `server_lifetime` or
+    /// `server_idle_timeout`, or its server closed it (or spoke unasked).
+    pub fn expired(&self, settings: &super::PoolSettings, now: Instant) -> bool {
+        now.duration_since(self.created) >= settings.server_lifetime
+            || now.duration_since(self.last_used) >= settings.server_idle_timeout
+            || self.stream.peer_closed_or_spoke()
+    }
+
     /// Records a ParameterStatus value.
     pub fn set_param(&mut self, name: String, value: String) {
         match self.params.iter_mut().find(|(k, _)| *k == name) {
@@ -289,28 +297,7 @@ impl ServerConn {
     /// Runs a simple query whose result pgmemo does not need, up to ReadyForQuery. Errors from
     /// the server are returned; the connection stays usable after them.
     pub async fn simple_query(&mut self, sql: &str) -> Result<(), ServerError> {
-        self.send(&frontend::query(sql)).await?;
-        let mut error = None;
-        loop {
-            let frame = self.read_frame().await?;
-            match frame.tag() {
-                b'Z' | b'S' | b'E' => match BackendMessage::decode(frame)? {
-                    BackendMessage::ReadyForQuery(status) => {
-                        self.status = status;
-                        return match error {
-                            Some(e) => Err(ServerError::Server(e)),
-                            None => Ok(()),
-                        };
-                    }
-                    BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
-                    BackendMessage::ErrorResponse(e) => error = Some(e),
-                    _ => {}
-                },
-                // COPY cannot be part of a reset query; anything else is result data we drop.
-                b'G' | b'H' | b'W' => return Err(ServerError::Unexpected(frame.tag())),
-                _ => {}
-            }
-        }
+        self.run_simple_query(sql, false).await.map(drop)
     }
 
     /// Runs a simple query and returns its rows as text (NULL as `None`), for the few catalog
@@ -319,26 +306,42 @@ impl ServerConn {
         &mut self,
         sql: &str,
     ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        self.run_simple_query(sql, true).await
+    }
+
+    /// One simple-query round trip; DataRows are collected only when `keep_rows`.
+    async fn run_simple_query(
+        &mut self,
+        sql: &str,
+        keep_rows: bool,
+    ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
         self.send(&frontend::query(sql)).await?;
         let mut rows = Vec::new();
         let mut error = None;
         loop {
             let frame = self.read_frame().await?;
-            match frame.tag() {
-                b'D' => rows.push(text_columns(frame.body())?),
-                b'Z' | b'S' | b'E' => match BackendMessage::decode(frame)? {
-                    BackendMessage::ReadyForQuery(status) => {
-                        self.status = status;
-                        return match error {
-                            Some(e) => Err(ServerError::Server(e)),
-                            None => Ok(rows),
-                        };
-                    }
-                    BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
-                    BackendMessage::ErrorResponse(e) => error = Some(e),
-                    _ => {}
-                },
-                b'G' | b'H' | b'W' => return Err(ServerError::Unexpected(frame.tag())),
+            let tag = frame.tag();
+            match BackendMessage::decode(frame)? {
+                BackendMessage::ReadyForQuery(status) => {
+                    self.status = status;
+                    return match error {
+                        Some(e) => Err(ServerError::Server(e)),
+                        None => Ok(rows),
+                    };
+                }
+                BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
+                BackendMessage::ErrorResponse(e) => error = Some(e),
+                BackendMessage::DataRow(row) if keep_rows => rows.push(
+                    row.columns()
+                        .map(|c| c.map(|v| String::from_utf8_lossy(&v).into_owned()))
+                        .collect(),
+                ),
+                // pgmemo never issues COPY itself; anything else is result data it drops.
+                BackendMessage::CopyInResponse(_)
+                | BackendMessage::CopyOutResponse(_)
+                | BackendMessage::CopyBothResponse(_) => {
+                    return Err(ServerError::Unexpected(tag));
+                }
                 _ => {}
             }
         }
@@ -361,26 +364,6 @@ impl ServerConn {
         })
         .await;
     }
-}
-
-/// The columns of a DataRow body as text.
-fn text_columns(body: &[u8]) -> Result<Vec<Option<String>>, ServerError> {
-    let truncated = || ServerError::Protocol(WireError::Truncated);
-    let count = i16::from_be_bytes(body.get(..2).ok_or_else(truncated)?.try_into().unwrap());
-    let mut rest = &body[2..];
-    let mut out = Vec::with_capacity(count.max(0) as usize);
-    for _ in 0..count {
-        let len = i32::from_be_bytes(rest.get(..4).ok_or_else(truncated)?.try_into().unwrap());
-        rest = &rest[4..];
-        if len < 0 {
-            out.push(None);
-            continue;
-        }
-        let value = rest.get(..len as usize).ok_or_else(truncated)?;
-        out.push(Some(String::from_utf8_lossy(value).into_owned()));
-        rest = &rest[len as usize..];
-    }
-    Ok(out)
 }
 
 async fn negotiate_tls(mut tcp: FastTcp, tls: &UpstreamTls) -> Result<ServerStream, ServerError> {
