@@ -185,20 +185,22 @@ def pgmemo_binary():
     return target_dir / "release" / "pgmemo"
 
 
-def start_pgmemo(binary, pool_size, pool_mode, workdir, workers):
+def start_pgmemo(binary, pool_size, pool_mode, workdir, workers, extra_args=(), name="pgmemo"):
+    """Starts pgmemo on a free port; `extra_args` are appended to its command line (bench/cache.py
+    passes `--cache on|off`), `name` names the proxy and its log file in `workdir`."""
     port = free_port()
-    logfile = workdir / "pgmemo.log"
+    logfile = workdir / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGMEMO_")}
     env["PGMEMO_LOG"] = "warn"
     env["PGMEMO_SERVER_IDLE_TIMEOUT"] = f"{SERVER_IDLE_TIMEOUT_S}s"
     cmd = [str(binary), "--listen", f"127.0.0.1:{port}",
            "--upstream", f"postgres://{PG_HOST}:{PG_PORT}",
            "--pool-mode", pool_mode, "--pool-size", str(pool_size), "--log-level", "warn",
-           "--worker-threads", str(workers)]
+           "--worker-threads", str(workers), *extra_args]
     with open(logfile, "wb") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env, cwd=workdir, start_new_session=True)
-    return Proxy("pgmemo", popen, port, logfile)
+    return Proxy(name, popen, port, logfile)
 
 
 def start_pgbouncer(binary, pool_size, pool_mode, workdir):

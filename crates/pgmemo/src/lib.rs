@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod cache;
 pub mod cancel;
 pub mod client;
 pub mod config;

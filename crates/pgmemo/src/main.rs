@@ -59,6 +59,9 @@ struct Cli {
     /// Log filter such as `info` or `pgmemo=debug` [default: info].
     #[arg(long, value_name = "FILTER")]
     log_level: Option<String>,
+    /// Serve repeated reads from memory [default: on].
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    cache: Option<String>,
     /// Validate the configuration, print it as TOML (passwords masked) and exit: 0 if valid,
     /// 1 if not.
     #[arg(long)]
@@ -86,6 +89,7 @@ impl Cli {
                 .map(|p| p.to_string_lossy().into_owned().into()),
         );
         set("log_level", self.log_level.clone().map(Into::into));
+        set("cache", self.cache.clone().map(Into::into));
         set(
             "worker_threads",
             self.worker_threads.map(|n| i64::from(n).into()),

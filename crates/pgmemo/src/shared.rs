@@ -34,6 +34,8 @@ pub struct Shared {
     pub cancels: CancelRegistry,
     /// Counters for the admin console and metrics.
     pub stats: Stats,
+    /// The query-result cache.
+    pub cache: crate::cache::Cache,
     /// Clients logged in now, for `SHOW CLIENTS`.
     pub clients: ClientRegistry,
     reloader: std::sync::Mutex<Option<Reloader>>,
@@ -52,6 +54,7 @@ impl Shared {
         let userlist = Userlist::load_for(&config)?;
         let client_tls = ClientTls::from_config(&config)?;
         let upstream_tls = UpstreamTls::from_url(&config.upstream)?;
+        let cache = crate::cache::Cache::new(config.cache_size.0 as u64);
         Ok(Arc::new(Shared {
             config: ArcSwap::from_pointee(config),
             userlist: ArcSwap::from_pointee(userlist),
@@ -60,6 +63,7 @@ impl Shared {
             pools: Pools::default(),
             cancels: CancelRegistry::default(),
             stats: Stats::default(),
+            cache,
             clients: ClientRegistry::default(),
             reloader: std::sync::Mutex::new(None),
             sessions: TaskTracker::new(),

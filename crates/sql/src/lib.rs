@@ -19,6 +19,7 @@ mod cursor;
 mod error;
 mod kind;
 mod set;
+mod shape;
 mod source;
 mod statement;
 mod stats;
@@ -29,6 +30,7 @@ pub use analysis::{Analysis, FunctionName, RelationName, SqlValueFunction, State
 pub use error::SqlError;
 pub use kind::{DiscardKind, StatementKind};
 pub use set::{SetCommand, SetValue};
+pub use shape::{shape, Shape};
 pub use stats::{fingerprint, normalize};
 pub use transaction::{IsolationLevel, TransactionCommand, TransactionModes};
 

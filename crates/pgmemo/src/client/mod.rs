@@ -3,6 +3,7 @@
 //! messages until the client leaves, and the server connection goes back to its pool clean.
 
 mod auth;
+mod cached;
 mod conn;
 mod login;
 mod quiet;

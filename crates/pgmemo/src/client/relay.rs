@@ -21,9 +21,9 @@ use crate::shared::Shared;
 use tokio_util::sync::CancellationToken;
 
 /// Read buffers grow to at least this much free space before a read.
-const READ_CHUNK: usize = 32 * 1024;
+pub(crate) const READ_CHUNK: usize = 32 * 1024;
 /// Largest message a server may send that pgmemo itself must parse (errors, status).
-const MAX_SERVER_FRAME: usize = 1 << 30;
+pub(crate) const MAX_SERVER_FRAME: usize = 1 << 30;
 
 /// How a relay ended.
 #[derive(Debug)]
@@ -43,18 +43,18 @@ pub enum End {
 
 /// What the two pumps share. Atomics, not locks: both run in the same task, so nothing here
 /// is ever contended; atomics just keep the task `Send`.
-struct RelayState {
-    pending: AtomicU32,
-    unsynced: AtomicBool,
-    client_mid_message: AtomicBool,
-    status: AtomicU8,
-    server_fatal: AtomicBool,
-    watch_idle: AtomicBool,
-    idle: Notify,
+pub(crate) struct RelayState {
+    pub(crate) pending: AtomicU32,
+    pub(crate) unsynced: AtomicBool,
+    pub(crate) client_mid_message: AtomicBool,
+    pub(crate) status: AtomicU8,
+    pub(crate) server_fatal: AtomicBool,
+    pub(crate) watch_idle: AtomicBool,
+    pub(crate) idle: Notify,
 }
 
 impl RelayState {
-    fn new(status: TransactionStatus) -> Self {
+    pub(crate) fn new(status: TransactionStatus) -> Self {
         RelayState {
             pending: AtomicU32::new(0),
             unsynced: AtomicBool::new(false),
@@ -66,19 +66,19 @@ impl RelayState {
         }
     }
 
-    fn status(&self) -> TransactionStatus {
+    pub(crate) fn status(&self) -> TransactionStatus {
         TransactionStatus::from_byte(self.status.load(Ordering::Relaxed))
             .unwrap_or(TransactionStatus::Failed)
     }
 
     /// Every request answered, nothing half-sent: the server waits for the next request.
-    fn at_boundary(&self) -> bool {
+    pub(crate) fn at_boundary(&self) -> bool {
         self.pending.load(Ordering::Relaxed) == 0
             && !self.unsynced.load(Ordering::Relaxed)
             && !self.client_mid_message.load(Ordering::Relaxed)
     }
 
-    fn release_state(&self) -> ReleaseState {
+    pub(crate) fn release_state(&self) -> ReleaseState {
         if self.at_boundary() {
             ReleaseState::Boundary(self.status())
         } else {
@@ -130,7 +130,7 @@ struct Pumps<'a> {
     max_message: usize,
 }
 
-enum PumpError {
+pub(crate) enum PumpError {
     Client(std::io::Error),
     Server(std::io::Error),
     Protocol(WireError),
@@ -324,7 +324,7 @@ where
 /// (`reserve` on an empty, unshared BytesMut moves no bytes), so a session keeps reading into the
 /// same few cache lines instead of walking through its whole buffer message by message: with
 /// many sessions that walk costs cache misses on every message.
-fn refill_position(buf: &mut BytesMut) {
+pub(crate) fn refill_position(buf: &mut BytesMut) {
     if buf.is_empty() || buf.capacity() - buf.len() < READ_CHUNK / 4 {
         buf.reserve(READ_CHUNK);
     }
@@ -336,7 +336,7 @@ fn refill_position(buf: &mut BytesMut) {
 /// The tokens are per-session children of the process-wide ones: every wake-up of the session
 /// polls them, and polling a token takes its lock, so sharing one token between sessions would
 /// serialize all clients on it.
-async fn shutdown_when_idle(st: &RelayState, shared: &Shared) {
+pub(crate) async fn shutdown_when_idle(st: &RelayState, shared: &Shared) {
     let stop: CancellationToken = shared.stop_accepting.child_token();
     let terminate: CancellationToken = shared.terminate_sessions.child_token();
     let idle_between_transactions = async {

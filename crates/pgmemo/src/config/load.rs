@@ -42,6 +42,12 @@ const KEYS: &[&str] = &[
     "client_tls_sslmode",
     "log_level",
     "databases",
+    "cache",
+    "cache_size",
+    "max_entry_size",
+    "cache_ttl",
+    "cache_exclude_tables",
+    "cache_include_tables",
 ];
 
 /// Smallest `max_message_size` that still fits a startup packet and ordinary queries.
@@ -599,8 +605,10 @@ mod tests {
             user: Some("u".into()),
             password: Some("p".into()),
             pool_size: Some(2),
+            cache: Some(crate::config::Switch::Off),
         };
         c.databases.insert("app".into(), db);
+        c.cache_exclude_tables = vec!["audit.log".into()];
         c
     }
 

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use load::{load, validate, ConfigError, ConfigSources};
 pub use units::{ByteSize, Seconds};
+
 pub use upstream::{SslMode, UpstreamUrl};
 
 /// How server connections are shared between clients.
@@ -61,6 +62,44 @@ pub enum ClientTlsMode {
     Require,
 }
 
+/// An on/off switch written as `"on"`/`"off"` (or `true`/`false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    #[default]
+    On,
+    Off,
+}
+
+impl Switch {
+    /// Whether the switch is on.
+    pub fn is_on(self) -> bool {
+        self == Switch::On
+    }
+}
+
+impl<'de> Deserialize<'de> for Switch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(true) => Ok(Switch::On),
+            Raw::Bool(false) => Ok(Switch::Off),
+            Raw::Text(t) => match t.to_ascii_lowercase().as_str() {
+                "on" | "true" | "yes" | "1" => Ok(Switch::On),
+                "off" | "false" | "no" | "0" => Ok(Switch::Off),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected \"on\" or \"off\", found \"{other}\""
+                ))),
+            },
+        }
+    }
+}
+
 /// A `[databases.NAME]` entry: the name clients use, mapped to a real database (PgBouncer's
 /// `[databases]` idea). Unset fields fall back to the upstream URL and the client's values.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -76,6 +115,8 @@ pub struct DatabaseConfig {
     pub password: Option<String>,
     /// Overrides `pool_size` for this database.
     pub pool_size: Option<usize>,
+    /// Overrides `cache` for this database.
+    pub cache: Option<Switch>,
 }
 
 /// The whole configuration. Defaults match `pgmemo` started with no arguments.
@@ -132,6 +173,18 @@ pub struct Config {
     /// Roles allowed into the admin console (database `pgmemo`); empty means the roles that
     /// are superusers on the upstream. Runtime.
     pub admin_users: Vec<String>,
+    /// Serve repeated reads from memory. Runtime.
+    pub cache: Switch,
+    /// Most bytes the result cache holds (keys, results and bookkeeping). Restart.
+    pub cache_size: ByteSize,
+    /// Larger results are not cached (they stream through untouched). Runtime.
+    pub max_entry_size: ByteSize,
+    /// Entries expire after this long even without a write; 0 means never. Runtime.
+    pub cache_ttl: Seconds,
+    /// Tables (`schema.table` or `table`) whose results are never cached. Runtime.
+    pub cache_exclude_tables: Vec<String>,
+    /// When non-empty, only results reading these tables (and no others) are cached. Runtime.
+    pub cache_include_tables: Vec<String>,
 }
 
 impl Default for Config {
@@ -161,6 +214,12 @@ impl Default for Config {
             databases: BTreeMap::new(),
             worker_threads: 0,
             admin_users: Vec::new(),
+            cache: Switch::On,
+            cache_size: ByteSize(256 * 1024 * 1024),
+            max_entry_size: ByteSize(1024 * 1024),
+            cache_ttl: Seconds(Duration::ZERO),
+            cache_exclude_tables: Vec::new(),
+            cache_include_tables: Vec::new(),
         }
     }
 }
@@ -172,6 +231,24 @@ impl Config {
             .get(database)
             .and_then(|d| d.pool_size)
             .unwrap_or(self.pool_size)
+    }
+
+    /// Whether results of `database` (the name clients use) are cached.
+    pub fn cache_on_for(&self, database: &str) -> bool {
+        self.databases
+            .get(database)
+            .and_then(|d| d.cache)
+            .unwrap_or(self.cache)
+            .is_on()
+    }
+
+    /// Whether the include/exclude lists keep `schema.table` out of the cache.
+    pub fn table_excluded(&self, schema: &str, table: &str) -> bool {
+        let matches =
+            |pattern: &String| pattern == table || pattern.split_once('.') == Some((schema, table));
+        self.cache_exclude_tables.iter().any(matches)
+            || (!self.cache_include_tables.is_empty()
+                && !self.cache_include_tables.iter().any(matches))
     }
 
     /// The configuration as TOML with passwords masked: what `pgmemo --check` prints, safe to

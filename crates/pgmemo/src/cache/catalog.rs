@@ -1,0 +1,271 @@
+//! Catalog lookups: what the names in a statement refer to, asked of the upstream on the
+//! client's own server connection (so the session's search_path, temporary schema and
+//! privileges apply) when a statement shape is first seen. One query answers everything the
+//! cache policy needs: each relation's OID, kind, persistence and row-level security; the
+//! relations a result really depends on (partitions and inheritance children and parents, the
+//! base tables behind views, recursively); the tables a write changes besides its target (FK
+//! cascades) and whether triggers or rules make a write reach further; and the volatility of
+//! every function called, all overloads included.
+
+use std::fmt::Write as _;
+
+/// How a relation was reached from a name in the statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The named relation itself.
+    Named,
+    /// A partition or inheritance child (reading the parent reads it; writing the parent may
+    /// change it).
+    Descendant,
+    /// A parent (its readers see this relation's rows).
+    Ancestor,
+    /// A relation a view reads.
+    ViewBase,
+    /// A table an FK cascade (ON DELETE/UPDATE CASCADE, SET NULL, SET DEFAULT) may change.
+    Cascade,
+}
+
+/// A relation found for a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relation {
+    /// Index of the name in the list that was looked up.
+    pub name_index: usize,
+    pub oid: u32,
+    pub reach: Reach,
+    /// `pg_class.relkind`.
+    pub kind: u8,
+    /// `pg_class.relpersistence`: `p`, `u` or `t`.
+    pub persistence: u8,
+    pub row_security: bool,
+    pub schema: String,
+    pub name: String,
+    /// User triggers or rules: a write to it may change tables pgmemo cannot name.
+    pub hidden_writes: bool,
+    /// A view's definition, to find the functions it calls.
+    pub view_definition: Option<String>,
+}
+
+/// A function found for a name (one row per overload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Function {
+    pub name_index: usize,
+    /// `pg_proc.provolatile`: `i`, `s` or `v`.
+    pub volatility: u8,
+}
+
+/// The answer to one lookup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Facts {
+    pub relations: Vec<Relation>,
+    /// Names (by index) that resolve to no relation.
+    pub unresolved: Vec<usize>,
+    /// Unqualified names (by index) that some session's temporary table also has: which one a
+    /// session sees depends on that session, so no result may be shared.
+    pub temp_shadowed: Vec<usize>,
+    pub functions: Vec<Function>,
+}
+
+/// Why a lookup's answer could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CatalogError {
+    #[error("a name holds characters pgmemo does not quote for catalog lookups")]
+    UnsafeName,
+    #[error("unexpected catalog row: {0}")]
+    BadRow(String),
+}
+
+/// A name as (optional schema, name).
+pub type Name<'a> = (Option<&'a str>, &'a str);
+
+fn literal(out: &mut String, value: Option<&str>) -> Result<(), CatalogError> {
+    match value {
+        None => out.push_str("NULL::text"),
+        Some(v) => {
+            // Backslashes would mean different things under standard_conforming_strings=off.
+            if v.contains('\\') || v.contains('\0') {
+                return Err(CatalogError::UnsafeName);
+            }
+            out.push('\'');
+            out.push_str(&v.replace('\'', "''"));
+            out.push('\'');
+        }
+    }
+    Ok(())
+}
+
+fn values(out: &mut String, names: &[Name<'_>]) -> Result<(), CatalogError> {
+    if names.is_empty() {
+        // An empty VALUES list is not valid SQL: a row that matches nothing stands in.
+        out.push_str("SELECT -1, NULL::text, NULL::text WHERE false");
+        return Ok(());
+    }
+    out.push_str("VALUES ");
+    for (i, (schema, name)) in names.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let _ = write!(out, "({i}, ");
+        literal(out, *schema)?;
+        out.push_str(", ");
+        literal(out, Some(name))?;
+        out.push(')');
+    }
+    Ok(())
+}
+
+/// The lookup query for these relation and function names. It never raises an error for
+/// names that do not exist (it runs inside the client's transaction, which an error would
+/// abort).
+pub fn lookup_query(
+    relations: &[Name<'_>],
+    functions: &[Name<'_>],
+) -> Result<String, CatalogError> {
+    let mut q = String::with_capacity(4096);
+    q.push_str("/* pgmemo catalog lookup */ WITH RECURSIVE names(i, nsp, rel) AS (");
+    values(&mut q, relations)?;
+    q.push_str("), fnames(i, nsp, fn) AS (");
+    values(&mut q, functions)?;
+    q.push_str(LOOKUP_BODY);
+    Ok(q)
+}
+
+const LOOKUP_BODY: &str = r#"),
+roots AS (SELECT i, rel, nsp, to_regclass(CASE WHEN nsp IS NULL THEN quote_ident(rel) ELSE quote_ident(nsp) || '.' || quote_ident(rel) END)::oid AS oid FROM names),
+deps(i, oid, how) AS (
+  SELECT i, oid, 'r'::text FROM roots WHERE oid IS NOT NULL
+  UNION
+  SELECT d.i, x.oid, x.how FROM deps d, LATERAL (
+    SELECT h.inhrelid AS oid, 'd'::text AS how FROM pg_catalog.pg_inherits h WHERE h.inhparent = d.oid AND d.how IN ('r','d','b','f')
+    UNION ALL SELECT h.inhparent, 'a' FROM pg_catalog.pg_inherits h WHERE h.inhrelid = d.oid AND d.how IN ('r','a','b')
+    UNION ALL SELECT dp.refobjid, 'b' FROM pg_catalog.pg_rewrite rw JOIN pg_catalog.pg_depend dp ON dp.classid = 'pg_catalog.pg_rewrite'::regclass AND dp.objid = rw.oid AND dp.refclassid = 'pg_catalog.pg_class'::regclass WHERE rw.ev_class = d.oid AND dp.refobjid <> d.oid AND d.how IN ('r','b')
+    UNION ALL SELECT con.conrelid, 'f' FROM pg_catalog.pg_constraint con WHERE con.confrelid = d.oid AND con.contype = 'f' AND (con.confdeltype IN ('c','n','d') OR con.confupdtype IN ('c','n','d')) AND d.how IN ('r','b','f','d')
+  ) x
+)
+SELECT 'r', d.i, d.oid::int8, d.how, c.relkind::text, c.relpersistence::text, c.relrowsecurity::text, n.nspname::text, c.relname::text,
+  ((c.relkind <> 'v' AND c.relhasrules) OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal))::text,
+  CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END
+  FROM deps d JOIN pg_catalog.pg_class c ON c.oid = d.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+UNION ALL SELECT 'u', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM roots WHERE oid IS NULL
+UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM names WHERE nsp IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname = names.rel AND c.relpersistence = 't')
+UNION ALL SELECT 'p', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname = f.fn
+  AND ((f.nsp IS NULL AND p.pronamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))"#;
+
+/// A row of the lookup's answer, as text columns (NULL as `None`).
+pub type Row = Vec<Option<String>>;
+
+fn col(row: &Row, i: usize) -> Option<&str> {
+    row.get(i).and_then(|c| c.as_deref())
+}
+
+fn byte(row: &Row, i: usize) -> u8 {
+    col(row, i).and_then(|s| s.bytes().next()).unwrap_or(b'?')
+}
+
+/// Reads the lookup's rows.
+pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
+    let mut facts = Facts::default();
+    for row in rows {
+        let bad = || CatalogError::BadRow(format!("{row:?}"));
+        let index: usize = col(row, 1).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+        match col(row, 0) {
+            Some("r") => {
+                let oid: u32 = col(row, 2).and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+                let reach = match col(row, 3) {
+                    Some("r") => Reach::Named,
+                    Some("d") => Reach::Descendant,
+                    Some("a") => Reach::Ancestor,
+                    Some("b") => Reach::ViewBase,
+                    Some("f") => Reach::Cascade,
+                    _ => return Err(bad()),
+                };
+                facts.relations.push(Relation {
+                    name_index: index,
+                    oid,
+                    reach,
+                    kind: byte(row, 4),
+                    persistence: byte(row, 5),
+                    row_security: col(row, 6) == Some("true"),
+                    schema: col(row, 7).unwrap_or_default().to_owned(),
+                    name: col(row, 8).unwrap_or_default().to_owned(),
+                    hidden_writes: col(row, 9) == Some("true"),
+                    view_definition: col(row, 10).map(str::to_owned),
+                });
+            }
+            Some("u") => facts.unresolved.push(index),
+            Some("t") => facts.temp_shadowed.push(index),
+            Some("p") => facts.functions.push(Function {
+                name_index: index,
+                volatility: byte(row, 3),
+            }),
+            _ => return Err(bad()),
+        }
+    }
+    Ok(facts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_quoted_and_backslashes_refused() {
+        let q = lookup_query(&[(Some("s"), "it's")], &[]).unwrap();
+        assert!(q.contains("(0, 's', 'it''s')"), "{q}");
+        assert!(q.contains("WHERE false"), "empty function list: {q}");
+        assert_eq!(
+            lookup_query(&[(None, "a\\b")], &[]),
+            Err(CatalogError::UnsafeName)
+        );
+    }
+
+    #[test]
+    fn rows_are_read() {
+        let r = |v: &[Option<&str>]| v.iter().map(|c| c.map(str::to_owned)).collect::<Row>();
+        let rows = vec![
+            r(&[
+                Some("r"),
+                Some("0"),
+                Some("16387"),
+                Some("r"),
+                Some("r"),
+                Some("p"),
+                Some("false"),
+                Some("public"),
+                Some("t"),
+                Some("false"),
+                None,
+            ]),
+            r(&[
+                Some("u"),
+                Some("1"),
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            ]),
+            r(&[
+                Some("p"),
+                Some("0"),
+                Some("1396"),
+                Some("i"),
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+                None,
+            ]),
+        ];
+        let f = parse_facts(&rows).unwrap();
+        assert_eq!(f.relations[0].oid, 16387);
+        assert_eq!(f.relations[0].reach, Reach::Named);
+        assert_eq!(f.unresolved, vec![1]);
+        assert_eq!(f.functions[0].volatility, b'i');
+    }
+}

@@ -1,0 +1,118 @@
+//! The session side of the key (doctrine rule 2): who asks and under which settings. Sessions
+//! whose role and output-relevant settings are equal share one interned context, whose id
+//! prefixes their keys, so a hit builds its key without serializing any setting.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Settings that change the bytes PostgreSQL returns for the same statement (or how it resolves
+/// names), read with `current_setting` when a session starts and after anything that may
+/// change them.
+pub const KEY_SETTINGS: &[&str] = &[
+    "search_path",
+    "TimeZone",
+    "DateStyle",
+    "IntervalStyle",
+    "extra_float_digits",
+    "bytea_output",
+    "client_encoding",
+    "standard_conforming_strings",
+    "lc_monetary",
+    "lc_numeric",
+    "lc_time",
+    "row_security",
+    "default_text_search_config",
+    "transform_null_equals",
+    "array_nulls",
+    "xmloption",
+    "xmlbinary",
+    "timezone_abbreviations",
+    "default_transaction_isolation",
+];
+
+/// The query that reads a session's context: roles first, then [`KEY_SETTINGS`] in order.
+pub fn context_query() -> String {
+    let mut q = String::from("/* pgmemo session context */ SELECT current_user, session_user");
+    for s in KEY_SETTINGS {
+        q.push_str(", pg_catalog.current_setting('");
+        q.push_str(s);
+        q.push_str("')");
+    }
+    q
+}
+
+/// A session context: role and key settings, interned.
+#[derive(Debug)]
+pub struct Context {
+    /// Process-unique id; the first bytes of every key made in this context.
+    pub id: u64,
+    /// `current_user`, `session_user`, then the settings' values.
+    pub values: Vec<String>,
+}
+
+impl Context {
+    /// The value of a key setting.
+    pub fn setting(&self, name: &str) -> Option<&str> {
+        let i = KEY_SETTINGS.iter().position(|s| *s == name)?;
+        self.values.get(i + 2).map(String::as_str)
+    }
+
+    /// `current_user`.
+    pub fn role(&self) -> &str {
+        self.values.first().map_or("", String::as_str)
+    }
+
+    /// Whether transactions begin under REPEATABLE READ or SERIALIZABLE by default.
+    pub fn snapshot_by_default(&self) -> bool {
+        matches!(
+            self.setting("default_transaction_isolation"),
+            Some("repeatable read" | "serializable")
+        )
+    }
+
+    /// How the session reads string literals.
+    pub fn standard_conforming_strings(&self) -> bool {
+        self.setting("standard_conforming_strings") != Some("off")
+    }
+}
+
+/// Interns contexts so equal sessions share an id.
+#[derive(Debug, Default)]
+pub struct Contexts {
+    next: AtomicU64,
+    known: Mutex<HashMap<Vec<String>, Arc<Context>>>,
+}
+
+impl Contexts {
+    /// The context for these values (one row of [`context_query`]).
+    pub fn intern(&self, values: Vec<String>) -> Arc<Context> {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = known.get(&values) {
+            return Arc::clone(c);
+        }
+        let c = Arc::new(Context {
+            id: self.next.fetch_add(1, Ordering::Relaxed) + 1,
+            values: values.clone(),
+        });
+        known.insert(values, Arc::clone(&c));
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_values_share_a_context() {
+        let c = Contexts::default();
+        let a = c.intern(vec!["alice".into(), "alice".into(), "public".into()]);
+        let b = c.intern(vec!["alice".into(), "alice".into(), "public".into()]);
+        let other = c.intern(vec!["bob".into(), "bob".into(), "public".into()]);
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, other.id);
+        assert_eq!(a.setting("search_path"), Some("public"));
+        assert!(context_query().contains("current_setting('TimeZone')"));
+    }
+}

@@ -1,0 +1,146 @@
+//! The query-result cache: step 4 of the query path. A session asks it for a result by key
+//! (`store`), for the plan of a statement shape (`plan`, memoized per database and session
+//! context), and tells it about writes (`generation`). Everything here is shared by all
+//! sessions through [`Cache`], held in [`crate::shared::Shared`].
+//!
+//! - `context`: the session half of the key (role and output-relevant settings), interned.
+//! - `catalog`: the lookup that resolves a statement's names on the upstream.
+//! - `plan`: the policy: cacheable or why not, and what a statement's run invalidates.
+//! - `generation`: per-table counters that make invalidation O(tables) and the fill race
+//!   impossible.
+//! - `store`: the byte-bounded map of results.
+//! - `stats`: counters for the admin console and metrics.
+
+pub mod catalog;
+pub mod context;
+pub mod generation;
+pub mod plan;
+pub mod stats;
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use context::Contexts;
+use generation::Generations;
+use plan::Plan;
+use stats::{CacheStats, QueryRegistry};
+use store::Store;
+
+/// Most memoized plans per database before the memo starts over.
+const MAX_PLANS: usize = 20_000;
+
+/// The cache state of one upstream database.
+pub struct DatabaseCache {
+    /// Process-unique id; first bytes of every key of this database.
+    pub id: u32,
+    /// `host:port/dbname`, for the admin console.
+    pub name: String,
+    pub generations: Generations,
+    pub contexts: Contexts,
+    plans: Mutex<HashMap<String, Arc<Plan>>>,
+}
+
+impl DatabaseCache {
+    /// The memoized plan for a shape key.
+    pub fn plan(&self, key: &str) -> Option<Arc<Plan>> {
+        self.plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Memoizes a plan.
+    pub fn remember(&self, key: String, plan: Arc<Plan>) {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if plans.len() >= MAX_PLANS {
+            plans.clear();
+        }
+        plans.insert(key, plan);
+    }
+
+    /// Drops every memoized plan (after DDL: names may now mean other relations, functions
+    /// other volatilities).
+    pub fn forget_plans(&self) {
+        self.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// The process-wide cache.
+pub struct Cache {
+    pub store: Store,
+    pub stats: CacheStats,
+    pub queries: QueryRegistry,
+    databases: Mutex<HashMap<String, Arc<DatabaseCache>>>,
+    next_database: AtomicU32,
+}
+
+impl Cache {
+    /// A cache holding at most `capacity` bytes.
+    pub fn new(capacity: u64) -> Cache {
+        Cache {
+            store: Store::new(capacity),
+            stats: CacheStats::default(),
+            queries: QueryRegistry::default(),
+            databases: Mutex::new(HashMap::new()),
+            next_database: AtomicU32::new(0),
+        }
+    }
+
+    /// The state of the database `name` (`host:port/dbname`), created on first use.
+    pub fn database(&self, name: &str) -> Arc<DatabaseCache> {
+        let mut dbs = self.databases.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(db) = dbs.get(name) {
+            return Arc::clone(db);
+        }
+        let db = Arc::new(DatabaseCache {
+            id: self.next_database.fetch_add(1, Ordering::Relaxed) + 1,
+            name: name.to_owned(),
+            generations: Generations::default(),
+            contexts: Contexts::default(),
+            plans: Mutex::new(HashMap::new()),
+        });
+        dbs.insert(name.to_owned(), Arc::clone(&db));
+        db
+    }
+
+    /// Every database seen.
+    pub fn databases(&self) -> Vec<Arc<DatabaseCache>> {
+        let dbs = self.databases.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = dbs.values().cloned().collect();
+        v.sort_by_key(|d| d.id);
+        v
+    }
+
+    /// `CACHE PURGE`: every result of every database goes.
+    pub fn purge_all(&self) {
+        for db in self.databases() {
+            db.generations.invalidate_database();
+            db.forget_plans();
+        }
+        self.store.clear();
+    }
+
+    /// `CACHE PURGE table`: results depending on tables named `name` (`schema.name` or just
+    /// `name`) go; returns how many tables matched.
+    pub fn purge_table(&self, name: &str) -> usize {
+        let mut matched = 0;
+        for db in self.databases() {
+            let oids: Vec<u32> = db
+                .generations
+                .all()
+                .iter()
+                .filter(|t| {
+                    let full = t.name.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    full == name || full.rsplit('.').next() == Some(name)
+                })
+                .map(|t| t.oid)
+                .collect();
+            matched += oids.len();
+            db.generations.invalidate_tables(&oids);
+        }
+        matched
+    }
+}

@@ -1,0 +1,520 @@
+//! The cache policy (doctrine rule 1 and the invalidation rules): from the parser's analysis of
+//! a statement and the catalog's facts about its names, decide whether its result may be
+//! cached (and on which tables it depends), and what running it does to other results and to
+//! the session (tables written, writes pgmemo cannot attribute, settings changed, snapshot
+//! isolation begun).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sql::{IsolationLevel, StatementInfo, StatementKind, TransactionCommand};
+
+use super::catalog::{Facts, Reach};
+use super::stats::QueryStats;
+
+macro_rules! refusals {
+    ($($variant:ident => $name:literal,)*) => {
+        /// Why a result was not served from or stored in the cache. The names appear in
+        /// `SHOW CACHE`, `SHOW QUERIES`, `EXPLAIN CACHE` and the metrics.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Refusal { $($variant,)* }
+
+        impl Refusal {
+            /// Every reason, in declaration order.
+            pub const ALL: &'static [Refusal] = &[$(Refusal::$variant,)*];
+            /// How many reasons there are.
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// The reason's stable name.
+            pub fn name(self) -> &'static str {
+                match self { $(Refusal::$variant => $name,)* }
+            }
+        }
+    };
+}
+
+refusals! {
+    NotARead => "not_a_read",
+    MultipleStatements => "multiple_statements",
+    ParseError => "parse_error",
+    VolatileFunction => "volatile_function",
+    StableFunction => "stable_function",
+    UnknownFunction => "unknown_function",
+    TimeFunction => "time_function",
+    TimeLiteral => "time_literal",
+    Locking => "locking_clause",
+    SelectInto => "select_into",
+    DataModifyingCte => "data_modifying_cte",
+    Tablesample => "tablesample",
+    TempTable => "temp_table",
+    UnloggedTable => "unlogged_table",
+    SystemCatalog => "system_catalog",
+    RowLevelSecurity => "row_level_security",
+    Sequence => "sequence",
+    ForeignTable => "foreign_table",
+    UnknownRelation => "unknown_relation",
+    ExcludedTable => "excluded_table",
+    Hint => "nocache_hint",
+    SessionOff => "session_cache_off",
+    CacheOff => "cache_off",
+    TransactionWrote => "transaction_wrote",
+    SnapshotIsolation => "snapshot_isolation",
+    SettingsUnknown => "settings_unknown",
+    CatalogUnavailable => "catalog_unavailable",
+    Pipelined => "pipelined",
+    UnsupportedBatch => "unsupported_batch",
+    PortalSuspension => "portal_suspension",
+    TooLarge => "too_large",
+    NotStored => "response_not_cacheable",
+    UnknownStatement => "unknown_prepared_statement",
+}
+
+/// What a cacheable read depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadPlan {
+    /// Every relation (OID, `schema.name`) whose change must invalidate the result.
+    pub tables: Vec<(u32, String)>,
+    /// A `/* pgmemo:ttl=... */` hint.
+    pub ttl: Option<Duration>,
+}
+
+/// What running a statement does beyond returning its result.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Tables (OIDs) whose cached results become stale when the write commits.
+    pub writes: Vec<u32>,
+    /// The statement may write where pgmemo cannot see (DDL, DO, CALL, volatile functions,
+    /// triggers, statements it cannot parse): every result of the database becomes stale.
+    pub database_wide: bool,
+    /// Definitions changed: memoized analyses of the database must go.
+    pub ddl: bool,
+    /// Session settings that are part of the key may have changed.
+    pub settings: bool,
+    /// The transaction now runs under REPEATABLE READ or SERIALIZABLE.
+    pub snapshot: bool,
+    /// `ROLLBACK`: the transaction's writes never happened.
+    pub rollback: bool,
+}
+
+impl Effects {
+    /// Adds another statement's effects.
+    pub fn merge(&mut self, other: &Effects) {
+        for oid in &other.writes {
+            if !self.writes.contains(oid) {
+                self.writes.push(*oid);
+            }
+        }
+        self.database_wide |= other.database_wide;
+        self.ddl |= other.ddl;
+        self.settings |= other.settings;
+        self.snapshot |= other.snapshot;
+    }
+
+    /// Whether there is anything to do at all.
+    pub fn is_empty(&self) -> bool {
+        *self == Effects::default()
+    }
+
+    /// Whether the statement changes data (so a transaction running it has written).
+    pub fn writes_data(&self) -> bool {
+        !self.writes.is_empty() || self.database_wide
+    }
+}
+
+/// The memoized outcome of analysing one statement shape in one session context.
+#[derive(Debug)]
+pub struct Plan {
+    /// Counters of the statement.
+    pub query: Arc<QueryStats>,
+    /// Whether (and on what) its result may be cached.
+    pub read: Result<ReadPlan, Refusal>,
+    /// What running it does.
+    pub effects: Effects,
+    /// Whether this plan is final (catalog answered) and may be memoized.
+    pub complete: bool,
+    /// Prepared statement names the statement creates or drops.
+    pub statements: Vec<StatementChange>,
+}
+
+/// A change to the session's prepared statements made by SQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatementChange {
+    /// `PREPARE name` or `DEALLOCATE name`: pgmemo no longer knows what `name` means.
+    Forget(String),
+    /// `DEALLOCATE ALL`, `DISCARD ALL`.
+    ForgetAll,
+}
+
+fn statement_changes(statements: &[StatementInfo]) -> Vec<StatementChange> {
+    statements
+        .iter()
+        .filter_map(|s| match &s.kind {
+            StatementKind::Prepare { name, .. } => Some(StatementChange::Forget(name.clone())),
+            StatementKind::Deallocate { name: Some(name) } => {
+                Some(StatementChange::Forget(name.clone()))
+            }
+            StatementKind::Deallocate { name: None }
+            | StatementKind::Discard(sql::DiscardKind::All) => Some(StatementChange::ForgetAll),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Hints found in comments.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hints {
+    pub nocache: bool,
+    pub ttl: Option<Duration>,
+}
+
+/// Reads `/* pgmemo:nocache */`, `/* pgmemo:ttl=30s */` and Pgpool-II's `/*NO QUERY CACHE*/`.
+pub fn hints(comments: &[String]) -> Hints {
+    let mut h = Hints::default();
+    for c in comments {
+        let lower = c.to_ascii_lowercase();
+        if lower.contains("pgmemo:nocache") || lower.contains("no query cache") {
+            h.nocache = true;
+        }
+        if let Some(pos) = lower.find("pgmemo:ttl=") {
+            let rest = &lower[pos + "pgmemo:ttl=".len()..];
+            let value: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            if let Ok(units) = crate::config::Seconds::parse(&value) {
+                h.ttl = Some(units.0);
+            }
+        }
+    }
+    h
+}
+
+/// The names a statement list needs looked up: relations read or written, and functions.
+pub fn names_to_look_up(
+    statements: &[StatementInfo],
+) -> (Vec<(Option<String>, String)>, Vec<(Option<String>, String)>) {
+    let mut rels = Vec::new();
+    let mut fns = Vec::new();
+    for s in statements {
+        for r in s.reads.iter().chain(&s.writes) {
+            let n = (r.schema.clone(), r.name.clone());
+            if !rels.contains(&n) {
+                rels.push(n);
+            }
+        }
+        for f in &s.functions {
+            let n = (f.schema.clone(), f.name.clone());
+            if !fns.contains(&n) {
+                fns.push(n);
+            }
+        }
+    }
+    (rels, fns)
+}
+
+/// Whether the statements need a catalog lookup at all (a SET, BEGIN or SHOW does not).
+pub fn needs_catalog(statements: &[StatementInfo]) -> bool {
+    statements.iter().any(|s| {
+        !s.functions.is_empty()
+            || (!s.reads.is_empty() && is_query(s))
+            || (!s.writes.is_empty() && is_dml(&s.kind))
+    })
+}
+
+fn is_query(s: &StatementInfo) -> bool {
+    matches!(s.kind, StatementKind::Select | StatementKind::Values)
+}
+
+fn is_dml(kind: &StatementKind) -> bool {
+    matches!(
+        kind,
+        StatementKind::Insert
+            | StatementKind::Update
+            | StatementKind::Delete
+            | StatementKind::Merge
+            | StatementKind::Truncate
+            | StatementKind::Copy { from: true, .. }
+    )
+}
+
+/// Everything `decide` needs besides the statements.
+pub struct Inputs<'a> {
+    pub facts: Option<&'a Facts>,
+    /// Relation names in the order they were looked up (indexes in `facts` refer to it).
+    pub relation_names: &'a [(Option<String>, String)],
+    pub function_names: &'a [(Option<String>, String)],
+    /// Volatility of the functions views call (worst first), when views were involved.
+    pub view_function_volatility: Option<u8>,
+    pub hints: &'a Hints,
+    /// Tables (`schema.name`) never cached.
+    pub excluded: &'a dyn Fn(&str, &str) -> bool,
+}
+
+/// Decides a plan for analysed statements.
+pub fn decide(statements: &[StatementInfo], inputs: &Inputs<'_>, query: Arc<QueryStats>) -> Plan {
+    let mut effects = Effects::default();
+    for s in statements {
+        effects.merge(&statement_effects(s, inputs));
+    }
+    let read = match statements {
+        [] => Err(Refusal::NotARead),
+        [s] => read_plan(s, inputs),
+        _ => Err(Refusal::MultipleStatements),
+    };
+    let complete = inputs.facts.is_some() || !needs_catalog(statements);
+    Plan {
+        query,
+        read,
+        effects,
+        complete,
+        statements: statement_changes(statements),
+    }
+}
+
+/// The plan for a statement pgmemo could not parse: the server may still run it (a newer
+/// syntax), so it is treated as writing anything and changing settings.
+pub fn unparsable(query: Arc<QueryStats>) -> Plan {
+    Plan {
+        query,
+        read: Err(Refusal::ParseError),
+        effects: Effects {
+            database_wide: true,
+            settings: true,
+            ..Effects::default()
+        },
+        complete: true,
+        statements: vec![StatementChange::ForgetAll],
+    }
+}
+
+fn name_index(
+    names: &[(Option<String>, String)],
+    schema: &Option<String>,
+    name: &str,
+) -> Option<usize> {
+    names.iter().position(|(s, n)| s == schema && n == name)
+}
+
+/// The worst volatility among the functions a statement calls (`v` > `s` > `i`), `None` when
+/// a name resolves to no function, `Some(b'i')` when it calls none.
+fn worst_volatility(s: &StatementInfo, inputs: &Inputs<'_>) -> Option<u8> {
+    let facts = inputs.facts?;
+    let mut worst = b'i';
+    for f in &s.functions {
+        let i = name_index(inputs.function_names, &f.schema, &f.name)?;
+        let mut found = false;
+        for p in facts.functions.iter().filter(|p| p.name_index == i) {
+            found = true;
+            worst = worse(worst, p.volatility);
+        }
+        if !found {
+            return None;
+        }
+    }
+    Some(worst)
+}
+
+fn worse(a: u8, b: u8) -> u8 {
+    let rank = |v: u8| match v {
+        b'i' => 0,
+        b's' => 1,
+        _ => 2,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
+    }
+}
+
+fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
+    let mut e = Effects::default();
+    match &s.kind {
+        StatementKind::Set(_) | StatementKind::Discard(_) => e.settings = true,
+        StatementKind::Transaction(TransactionCommand::Begin(modes)) => {
+            e.snapshot = matches!(
+                modes.isolation,
+                Some(IsolationLevel::RepeatableRead | IsolationLevel::Serializable)
+            );
+        }
+        StatementKind::Transaction(TransactionCommand::Rollback { .. }) => e.rollback = true,
+        StatementKind::Transaction(TransactionCommand::CommitPrepared { .. }) => {
+            e.database_wide = true;
+        }
+        StatementKind::Transaction(_)
+        | StatementKind::Show { .. }
+        | StatementKind::Prepare { .. }
+        | StatementKind::Deallocate { .. }
+        | StatementKind::Listen { .. }
+        | StatementKind::Unlisten { .. }
+        | StatementKind::Notify { .. }
+        | StatementKind::Fetch { .. }
+        | StatementKind::Close { .. }
+        | StatementKind::Vacuum
+        | StatementKind::Analyze
+        | StatementKind::Lock
+        | StatementKind::Checkpoint
+        | StatementKind::Copy { from: false, .. } => {}
+        StatementKind::Select
+        | StatementKind::Values
+        | StatementKind::DeclareCursor { .. }
+        | StatementKind::Explain { .. } => {
+            if s.select_into || s.data_modifying_cte {
+                e.merge(&dml_effects(s, inputs));
+            }
+            if let StatementKind::Explain {
+                analyze: true,
+                inner,
+            } = &s.kind
+            {
+                e.merge(&statement_effects(inner, inputs));
+            }
+        }
+        k if is_dml(k) => e.merge(&dml_effects(s, inputs)),
+        StatementKind::Ddl => {
+            e.database_wide = true;
+            e.ddl = true;
+        }
+        // DO, CALL, EXECUTE (its statement is the session's), anything unclassified.
+        _ => {
+            e.database_wide = true;
+            e.settings = true;
+        }
+    }
+    // A volatile (or unknown) function may write anything and change settings (set_config).
+    if !s.functions.is_empty() && worst_volatility(s, inputs).is_none_or(|v| v == b'v') {
+        e.database_wide = true;
+        e.settings = true;
+    }
+    e
+}
+
+fn dml_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
+    let mut e = Effects::default();
+    let Some(facts) = inputs.facts else {
+        e.database_wide = true;
+        return e;
+    };
+    for w in &s.writes {
+        let Some(i) = name_index(inputs.relation_names, &w.schema, &w.name) else {
+            e.database_wide = true;
+            continue;
+        };
+        if facts.unresolved.contains(&i) {
+            // Created by the statement (SELECT INTO) or unknown: nothing cached reads it,
+            // unless a temporary table of that name exists.
+            if facts.temp_shadowed.contains(&i) {
+                e.database_wide = true;
+            }
+            continue;
+        }
+        for r in facts.relations.iter().filter(|r| r.name_index == i) {
+            if r.reach != Reach::Ancestor && !e.writes.contains(&r.oid) {
+                e.writes.push(r.oid);
+            }
+            if r.hidden_writes {
+                e.database_wide = true;
+            }
+        }
+    }
+    e
+}
+
+fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal> {
+    if inputs.hints.nocache {
+        return Err(Refusal::Hint);
+    }
+    if !is_query(s) {
+        return Err(Refusal::NotARead);
+    }
+    if s.select_into {
+        return Err(Refusal::SelectInto);
+    }
+    if s.data_modifying_cte {
+        return Err(Refusal::DataModifyingCte);
+    }
+    if s.locking {
+        return Err(Refusal::Locking);
+    }
+    if s.tablesample {
+        return Err(Refusal::Tablesample);
+    }
+    if s.sql_value_functions.iter().any(|f| f.is_time()) {
+        return Err(Refusal::TimeFunction);
+    }
+    let needs_facts = !s.reads.is_empty() || !s.functions.is_empty();
+    let facts = match inputs.facts {
+        Some(f) => f,
+        None if needs_facts => return Err(Refusal::CatalogUnavailable),
+        None => {
+            return Ok(ReadPlan {
+                tables: Vec::new(),
+                ttl: inputs.hints.ttl,
+            })
+        }
+    };
+    match worst_volatility(s, inputs) {
+        None => return Err(Refusal::UnknownFunction),
+        Some(b'v') => return Err(Refusal::VolatileFunction),
+        Some(b's') => return Err(Refusal::StableFunction),
+        _ => {}
+    }
+    match inputs.view_function_volatility {
+        Some(b'v') => return Err(Refusal::VolatileFunction),
+        Some(b's') => return Err(Refusal::StableFunction),
+        Some(b'?') => return Err(Refusal::UnknownFunction),
+        _ => {}
+    }
+    let mut tables = Vec::new();
+    for r in &s.reads {
+        let i = name_index(inputs.relation_names, &r.schema, &r.name)
+            .ok_or(Refusal::UnknownRelation)?;
+        if facts.unresolved.contains(&i) {
+            return Err(Refusal::UnknownRelation);
+        }
+        if facts.temp_shadowed.contains(&i) {
+            return Err(Refusal::TempTable);
+        }
+        for rel in facts.relations.iter().filter(|x| x.name_index == i) {
+            if rel.reach == Reach::Cascade {
+                continue;
+            }
+            check_relation(rel, inputs)?;
+            if !tables.iter().any(|(oid, _)| *oid == rel.oid) {
+                tables.push((rel.oid, format!("{}.{}", rel.schema, rel.name)));
+            }
+        }
+    }
+    Ok(ReadPlan {
+        tables,
+        ttl: inputs.hints.ttl,
+    })
+}
+
+fn check_relation(rel: &super::catalog::Relation, inputs: &Inputs<'_>) -> Result<(), Refusal> {
+    if matches!(
+        rel.schema.as_str(),
+        "pg_catalog" | "information_schema" | "pg_toast"
+    ) || rel.schema.starts_with("pg_toast")
+    {
+        return Err(Refusal::SystemCatalog);
+    }
+    match rel.persistence {
+        b't' => return Err(Refusal::TempTable),
+        b'u' => return Err(Refusal::UnloggedTable),
+        _ => {}
+    }
+    match rel.kind {
+        b'S' => return Err(Refusal::Sequence),
+        b'f' => return Err(Refusal::ForeignTable),
+        b'r' | b'p' | b'v' | b'm' => {}
+        _ => return Err(Refusal::UnknownRelation),
+    }
+    if rel.row_security {
+        return Err(Refusal::RowLevelSecurity);
+    }
+    if (inputs.excluded)(&rel.schema, &rel.name) {
+        return Err(Refusal::ExcludedTable);
+    }
+    Ok(())
+}

@@ -1,0 +1,162 @@
+//! What the cache counts: totals for `SHOW CACHE` and the metrics endpoint, refusals by reason,
+//! and per-statement figures for `SHOW QUERIES`. Atomics only on the hit path; the statement
+//! registry is locked on a miss, never on a hit (entries hold their statement's counters).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::plan::Refusal;
+
+/// Most statements `SHOW QUERIES` keeps; past it new statements are not tracked.
+const MAX_TRACKED_QUERIES: usize = 5000;
+
+/// Cache-wide counters.
+#[derive(Debug)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stores: AtomicU64,
+    /// Stores skipped because a write committed while the result was being read (fill race).
+    pub stale_fills: AtomicU64,
+    /// Table invalidations applied (one per table per write).
+    pub invalidations: AtomicU64,
+    /// Whole-database invalidations (writes pgmemo could not attribute, DDL, purges).
+    pub database_invalidations: AtomicU64,
+    /// Catalog lookups pgmemo ran to analyse a statement shape.
+    pub catalog_lookups: AtomicU64,
+    /// Microseconds of upstream time saved by hits.
+    pub saved_micros: AtomicU64,
+    refusals: [AtomicU64; Refusal::COUNT],
+}
+
+impl Default for CacheStats {
+    fn default() -> Self {
+        CacheStats {
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            stores: AtomicU64::new(0),
+            stale_fills: AtomicU64::new(0),
+            invalidations: AtomicU64::new(0),
+            database_invalidations: AtomicU64::new(0),
+            catalog_lookups: AtomicU64::new(0),
+            saved_micros: AtomicU64::new(0),
+            refusals: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl CacheStats {
+    /// Counts one request that was not cached, by reason.
+    pub fn refused(&self, reason: Refusal) {
+        self.refusals[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusal counts by reason name, leaving out reasons never seen.
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        Refusal::ALL
+            .iter()
+            .map(|r| (r.name(), self.refusals[*r as usize].load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// Count for one reason.
+    pub fn refusal_count(&self, reason: Refusal) -> u64 {
+        self.refusals[reason as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// Figures for one normalized statement.
+#[derive(Debug)]
+pub struct QueryStats {
+    /// The statement's shape (literals blanked).
+    pub text: String,
+    pub calls: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    /// Total upstream time of misses that were timed, in microseconds.
+    pub miss_micros: AtomicU64,
+    /// Misses that were timed.
+    pub timed_misses: AtomicU64,
+    pub saved_micros: AtomicU64,
+    last_refusal: Mutex<Option<Refusal>>,
+}
+
+impl QueryStats {
+    fn new(text: String) -> QueryStats {
+        QueryStats {
+            text,
+            calls: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            miss_micros: AtomicU64::new(0),
+            timed_misses: AtomicU64::new(0),
+            saved_micros: AtomicU64::new(0),
+            last_refusal: Mutex::new(None),
+        }
+    }
+
+    /// Records a hit that saved `micros` of upstream time.
+    #[inline]
+    pub fn hit(&self, micros: u64) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        self.saved_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Records a miss (or an uncached run).
+    pub fn miss(&self, refusal: Option<Refusal>) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        if let Some(r) = refusal {
+            *self.last_refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        }
+    }
+
+    /// Records how long a miss took upstream.
+    pub fn timed(&self, micros: u64) {
+        self.miss_micros.fetch_add(micros, Ordering::Relaxed);
+        self.timed_misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Why the statement was last not cached.
+    pub fn last_refusal(&self) -> Option<Refusal> {
+        *self.last_refusal.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The per-statement registry.
+#[derive(Debug, Default)]
+pub struct QueryRegistry {
+    queries: Mutex<HashMap<String, Arc<QueryStats>>>,
+    /// Shared by every statement past the tracking limit.
+    overflow: std::sync::OnceLock<Arc<QueryStats>>,
+}
+
+impl QueryRegistry {
+    /// The counters of the statement with this shape.
+    pub fn get(&self, shape: &str) -> Arc<QueryStats> {
+        let mut queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(q) = queries.get(shape) {
+            return Arc::clone(q);
+        }
+        if queries.len() >= MAX_TRACKED_QUERIES {
+            return Arc::clone(
+                self.overflow
+                    .get_or_init(|| Arc::new(QueryStats::new("(other statements)".into()))),
+            );
+        }
+        let q = Arc::new(QueryStats::new(shape.to_owned()));
+        queries.insert(shape.to_owned(), Arc::clone(&q));
+        q
+    }
+
+    /// Every tracked statement.
+    pub fn all(&self) -> Vec<Arc<QueryStats>> {
+        let queries = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<_> = queries.values().cloned().collect();
+        v.extend(self.overflow.get().cloned());
+        v
+    }
+}

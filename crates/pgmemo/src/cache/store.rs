@@ -1,0 +1,158 @@
+//! The store: results kept as the exact backend bytes PostgreSQL sent, bounded by bytes with
+//! quick_cache's frequency-aware (CLOCK-Pro) eviction. An entry's weight counts its key, its
+//! payload and a fixed allowance for bookkeeping, so `cache_size` bounds what pgmemo holds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use quick_cache::sync::Cache as QuickCache;
+use quick_cache::{Lifecycle, Weighter};
+
+use super::generation::Snapshot;
+use super::stats::QueryStats;
+
+/// Bytes counted per entry on top of its key and payload: the entry struct, the snapshot's
+/// table list, the Arc headers and quick_cache's slot.
+pub const ENTRY_OVERHEAD: usize = 160;
+
+/// One cached result.
+#[derive(Debug)]
+pub struct Entry {
+    /// RowDescription as sent for this request (result formats are part of the key), when the
+    /// request that filled the entry asked for it.
+    pub description: Option<Bytes>,
+    /// DataRows and the CommandComplete, back to back.
+    pub rows: Bytes,
+    /// Generations of the tables the result was read from.
+    pub snapshot: Snapshot,
+    /// When the entry stops being served (TTL), if ever.
+    pub expires: Option<Instant>,
+    /// Statistics of the statement, bumped on every hit without a lookup.
+    pub query: Arc<QueryStats>,
+    /// Upstream time the result took, credited as time saved on each hit.
+    pub miss_micros: u64,
+}
+
+impl Entry {
+    /// Whether the entry may be served now.
+    #[inline]
+    pub fn is_servable(&self, now: impl FnOnce() -> Instant) -> bool {
+        self.snapshot.is_fresh() && self.expires.is_none_or(|at| now() < at)
+    }
+
+    fn weight(&self, key_len: usize) -> u64 {
+        (key_len
+            + self.rows.len()
+            + self.description.as_ref().map_or(0, Bytes::len)
+            + ENTRY_OVERHEAD
+            + self.snapshot.tables().count() * 16) as u64
+    }
+}
+
+#[derive(Clone)]
+struct ByteWeighter;
+
+impl Weighter<Box<[u8]>, Arc<Entry>> for ByteWeighter {
+    fn weight(&self, key: &Box<[u8]>, val: &Arc<Entry>) -> u64 {
+        val.weight(key.len())
+    }
+}
+
+/// Counts evictions as quick_cache reports them.
+#[derive(Clone, Default)]
+struct EvictionCounter(Arc<AtomicU64>);
+
+impl Lifecycle<Box<[u8]>, Arc<Entry>> for EvictionCounter {
+    type RequestState = ();
+
+    fn begin_request(&self) -> Self::RequestState {}
+
+    fn on_evict(&self, _state: &mut (), _key: Box<[u8]>, _val: Arc<Entry>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+type Inner = QuickCache<
+    Box<[u8]>,
+    Arc<Entry>,
+    ByteWeighter,
+    quick_cache::DefaultHashBuilder,
+    EvictionCounter,
+>;
+
+/// The bounded map from key bytes to entries.
+pub struct Store {
+    inner: Inner,
+    evictions: Arc<AtomicU64>,
+}
+
+impl Store {
+    /// A store holding at most `capacity` bytes.
+    pub fn new(capacity: u64) -> Store {
+        let evictions = EvictionCounter::default();
+        let counter = Arc::clone(&evictions.0);
+        let estimated_items = (capacity / 2048).clamp(64, 1 << 22) as usize;
+        let options = quick_cache::OptionsBuilder::new()
+            .estimated_items_capacity(estimated_items)
+            .weight_capacity(capacity.max(1))
+            .build()
+            .expect("valid cache options");
+        Store {
+            inner: Inner::with_options(options, ByteWeighter, Default::default(), evictions),
+            evictions: counter,
+        }
+    }
+
+    /// The entry under `key`, servable or not.
+    #[inline]
+    pub fn get(&self, key: &[u8]) -> Option<Arc<Entry>> {
+        self.inner.get(key)
+    }
+
+    /// Stores an entry (replacing any under the same key).
+    pub fn insert(&self, key: Box<[u8]>, entry: Arc<Entry>) {
+        self.inner.insert(key, entry);
+    }
+
+    /// Drops the entry under `key`.
+    pub fn remove(&self, key: &[u8]) {
+        self.inner.remove(key);
+    }
+
+    /// Drops every entry for which `keep` is false.
+    pub fn retain(&self, keep: impl Fn(&Box<[u8]>, &Arc<Entry>) -> bool) {
+        self.inner.retain(keep);
+    }
+
+    /// Drops everything.
+    pub fn clear(&self) {
+        self.inner.clear();
+    }
+
+    /// Entries held now.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    /// Bytes held now, as weighed.
+    pub fn bytes(&self) -> u64 {
+        self.inner.weight()
+    }
+
+    /// The byte limit.
+    pub fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+
+    /// Entries evicted to stay under the limit so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+}

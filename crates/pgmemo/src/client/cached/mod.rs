@@ -1,0 +1,216 @@
+//! The relay of a session with the result cache on. Same two-pump shape as the plain relay
+//! (`super::relay`), but the client pump reads whole requests and routes them: a hit is
+//! answered from memory without touching the server; a miss is forwarded with a directive
+//! telling the server pump to capture the response for the store; any request is forwarded
+//! with the effects its commit will have (invalidations, settings changed). The client pump
+//! may also put its own catalog and context queries on the session's server connection, whose
+//! answers the server pump keeps from the client.
+//!
+//! Responses come back in request order, so directives are matched to responses by sequence
+//! number: the n-th ReadyForQuery ends the n-th request.
+
+mod requests;
+mod responses;
+mod session;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+pub use session::CacheSession;
+
+use super::relay::{End, RelayState};
+use super::ClientConn;
+use crate::cache::catalog::Row;
+use crate::cache::generation::Snapshot;
+use crate::cache::plan::Effects;
+use crate::cache::stats::QueryStats;
+use crate::net::MaybeTls;
+use crate::pool::{ReleaseState, ServerConn};
+use crate::shared::Shared;
+
+/// What the server pump does with one response.
+pub(crate) enum Action {
+    /// Forward it.
+    Forward,
+    /// Forward it and store it under `key` if it completes cleanly.
+    Capture(Box<Capture>),
+    /// Keep it from the client and hand its rows (or `None` on error) to the client pump.
+    Internal(tokio::sync::oneshot::Sender<Option<Vec<Row>>>),
+}
+
+/// A miss whose result is to be stored.
+pub(crate) struct Capture {
+    pub key: Box<[u8]>,
+    pub snapshot: Snapshot,
+    pub ttl: Option<std::time::Duration>,
+    pub query: Arc<QueryStats>,
+    pub started: Instant,
+    pub max_bytes: usize,
+}
+
+/// One request's instructions for the server pump.
+pub(crate) struct Directive {
+    /// Index of the request among those answered by a ReadyForQuery.
+    pub seq: u64,
+    pub action: Action,
+    pub effects: Effects,
+}
+
+/// What the two pumps share beyond [`RelayState`]. Both run in one task, so the mutex is never
+/// contended.
+pub(crate) struct Link {
+    pub directives: Mutex<VecDeque<Directive>>,
+    /// Requests sent that a ReadyForQuery will answer (the next request's `seq`).
+    pub sent: AtomicU64,
+    /// The open transaction has written: its reads must bypass the cache.
+    pub txn_wrote: AtomicBool,
+    /// The open transaction runs under REPEATABLE READ or SERIALIZABLE.
+    pub txn_snapshot: AtomicBool,
+    /// Settings in the key may have changed since the context was read.
+    pub context_stale: AtomicBool,
+}
+
+impl Link {
+    fn new() -> Link {
+        Link {
+            directives: Mutex::new(VecDeque::new()),
+            sent: AtomicU64::new(0),
+            txn_wrote: AtomicBool::new(false),
+            txn_snapshot: AtomicBool::new(false),
+            context_stale: AtomicBool::new(true),
+        }
+    }
+
+    pub(crate) fn push(&self, directive: Directive) {
+        self.directives
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(directive);
+    }
+
+    fn take(&self, seq: u64) -> Option<Directive> {
+        let mut d = self.directives.lock().unwrap_or_else(|e| e.into_inner());
+        if d.front().is_some_and(|x| x.seq == seq) {
+            d.pop_front()
+        } else {
+            None
+        }
+    }
+}
+
+/// Relays a caching session until one side ends, like [`super::relay::run`].
+pub async fn run(
+    client: &mut ClientConn,
+    server: &mut ServerConn,
+    shared: &Shared,
+    max_message: usize,
+    session: &mut CacheSession,
+) -> (End, ReleaseState) {
+    let st = RelayState::new(server.status);
+    let link = Link::new();
+    let end = match (&mut client.stream, &mut server.stream) {
+        (MaybeTls::Plain(c), MaybeTls::Plain(s)) => {
+            let (mut cr, cw) = (&*c, &*c);
+            let (mut sr, mut sw) = (&*s, &*s);
+            let cw = tokio::sync::Mutex::new(cw);
+            pumps(
+                &mut cr,
+                &cw,
+                &mut sr,
+                &mut sw,
+                &mut client.buf,
+                &mut server.read_buf,
+                &st,
+                &link,
+                shared,
+                max_message,
+                session,
+            )
+            .await
+        }
+        (c, s) => {
+            let (mut cr, cw) = tokio::io::split(c);
+            let (mut sr, mut sw) = tokio::io::split(s);
+            let cw = tokio::sync::Mutex::new(cw);
+            pumps(
+                &mut cr,
+                &cw,
+                &mut sr,
+                &mut sw,
+                &mut client.buf,
+                &mut server.read_buf,
+                &st,
+                &link,
+                shared,
+                max_message,
+                session,
+            )
+            .await
+        }
+    };
+    server.status = st.status();
+    (end, st.release_state())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn pumps<CR, CW, SR, SW>(
+    cr: &mut CR,
+    cw: &tokio::sync::Mutex<CW>,
+    sr: &mut SR,
+    sw: &mut SW,
+    client_buf: &mut bytes::BytesMut,
+    server_buf: &mut bytes::BytesMut,
+    st: &RelayState,
+    link: &Link,
+    shared: &Shared,
+    max_message: usize,
+    session: &mut CacheSession,
+) -> End
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    SR: AsyncRead + Unpin,
+    SW: AsyncWrite + Unpin,
+{
+    use super::relay::PumpError;
+    let fatal = || st.server_fatal.load(Ordering::Relaxed);
+    let db = Arc::clone(&session.db);
+    let requests = requests::Requests {
+        buf: client_buf,
+        st,
+        link,
+        shared,
+        max_message,
+        session,
+    };
+    tokio::select! {
+        biased;
+        r = requests.run(cr, cw, sw) => match r {
+            Ok(true) => End::ClientTerminated,
+            Ok(false) => End::ClientGone(None),
+            Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
+            Err(PumpError::Protocol(e)) => End::ClientProtocol(e),
+            Err(PumpError::Server(e)) => {
+                tracing::debug!(error = %e, "writing to server failed");
+                End::ServerGone { fatal_forwarded: fatal() }
+            }
+        },
+        r = responses::run(sr, server_buf, cw, st, link, shared, &db) => match r {
+            Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
+            Err(PumpError::Server(e)) => {
+                tracing::debug!(error = %e, "reading from server failed");
+                End::ServerGone { fatal_forwarded: fatal() }
+            }
+            Err(PumpError::Protocol(e)) => {
+                tracing::warn!(error = %e, "invalid data from server");
+                End::ServerGone { fatal_forwarded: fatal() }
+            }
+            Ok(()) => End::ServerGone { fatal_forwarded: fatal() },
+        },
+        _ = super::quiet::Quiet::new(super::relay::shutdown_when_idle(st, shared)) => End::Shutdown,
+    }
+}

@@ -1,0 +1,983 @@
+//! The client pump of a caching session: reads whole requests and routes each one. A simple
+//! Query or an extended batch (`[Parse] Bind [Describe] Execute Sync`) at a request boundary
+//! is looked up by key and, on a hit, answered from memory; otherwise it is forwarded, with a
+//! capture directive when its result may be stored and with the effects its commit will have.
+//! Pipelined requests (sent before the previous answer arrived) are forwarded as they are:
+//! their effects are still tracked, but they are neither served nor stored.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use wire::backend::TransactionStatus;
+use wire::FrameHeader;
+
+use super::{Action, CacheSession, Capture, Directive, Link};
+use crate::cache::catalog::{self, Facts};
+use crate::cache::plan::{self, Effects, Plan, Refusal, StatementChange};
+use crate::client::relay::{refill_position, PumpError, RelayState};
+use crate::shared::Shared;
+
+/// A batch held back to be routed as a whole is at most this large.
+const MAX_BATCH: usize = 1 << 20;
+
+/// What one routing step did.
+enum Step {
+    Continue,
+    NeedMore,
+    Terminate,
+}
+
+pub(super) struct Requests<'a> {
+    pub buf: &'a mut BytesMut,
+    pub st: &'a RelayState,
+    pub link: &'a Link,
+    pub shared: &'a Shared,
+    pub max_message: usize,
+    pub session: &'a mut CacheSession,
+}
+
+/// Per-pump bookkeeping that is not session state.
+#[derive(Default)]
+struct Pump {
+    copy_left: usize,
+    syncs_since_request: u64,
+    portals: HashMap<Bytes, Bytes>,
+    batch_effects: Effects,
+}
+
+impl Requests<'_> {
+    pub(super) async fn run<CR, CW, SW>(
+        mut self,
+        reader: &mut CR,
+        client: &tokio::sync::Mutex<CW>,
+        server: &mut SW,
+    ) -> Result<bool, PumpError>
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        let mut pump = Pump::default();
+        loop {
+            loop {
+                match self.step(&mut pump, client, server).await? {
+                    Step::Continue => {}
+                    Step::NeedMore => break,
+                    Step::Terminate => return Ok(true),
+                }
+            }
+            self.st
+                .client_mid_message
+                .store(pump.copy_left > 0, Ordering::Relaxed);
+            refill_position(self.buf);
+            if reader.read_buf(self.buf).await.map_err(PumpError::Client)? == 0 {
+                return Ok(false);
+            }
+        }
+    }
+
+    async fn step<CW, SW>(
+        &mut self,
+        pump: &mut Pump,
+        client: &tokio::sync::Mutex<CW>,
+        server: &mut SW,
+    ) -> Result<Step, PumpError>
+    where
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        if self.buf.is_empty() {
+            return Ok(Step::NeedMore);
+        }
+        if pump.copy_left > 0 {
+            let n = pump.copy_left.min(self.buf.len());
+            send(server, &self.buf[..n]).await?;
+            self.buf.advance(n);
+            pump.copy_left -= n;
+            return Ok(Step::Continue);
+        }
+        let Some(header) =
+            FrameHeader::peek(self.buf, self.max_message).map_err(PumpError::Protocol)?
+        else {
+            return Ok(Step::NeedMore);
+        };
+        let (tag, len) = (header.tag, header.frame_len);
+        if tag == b'd' && self.buf.len() < len {
+            // CopyData streams through: large COPY rows need not fit in memory.
+            pump.copy_left = len - self.buf.len();
+            let n = self.buf.len();
+            send(server, &self.buf[..n]).await?;
+            self.buf.advance(n);
+            return Ok(Step::Continue);
+        }
+        if self.buf.len() < len {
+            return Ok(Step::NeedMore);
+        }
+        match tag {
+            b'X' => return Ok(Step::Terminate),
+            b'Q' => {
+                let frame = self.buf.split_to(len).freeze();
+                self.query(frame, client, server).await?;
+            }
+            b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => {
+                if self.st.at_boundary() && matches!(tag, b'P' | b'B') {
+                    match scan_batch(self.buf, self.max_message) {
+                        Batch::Incomplete => return Ok(Step::NeedMore),
+                        Batch::Complete(n) => {
+                            let bytes = self.buf.split_to(n).freeze();
+                            self.batch(bytes, pump, client, server).await?;
+                            return Ok(Step::Continue);
+                        }
+                        Batch::Other => {}
+                    }
+                }
+                let frame = self.buf.split_to(len).freeze();
+                self.extended_passthrough(&frame, pump);
+                if tag == b'S' {
+                    self.request_sent(std::mem::take(&mut pump.batch_effects), Action::Forward);
+                    pump.syncs_since_request += 1;
+                }
+                if tag == b'E' {
+                    pump.syncs_since_request = 0;
+                }
+                send(server, &frame).await?;
+            }
+            b'F' => {
+                let frame = self.buf.split_to(len).freeze();
+                let effects = Effects {
+                    database_wide: true,
+                    settings: true,
+                    ..Effects::default()
+                };
+                pump.syncs_since_request = 0;
+                self.request_sent(effects, Action::Forward);
+                send(server, &frame).await?;
+            }
+            b'c' | b'f' => {
+                // The server ignores Sync in copy-in mode: the Syncs sent since the COPY's
+                // Execute get no ReadyForQuery.
+                let ignored = std::mem::take(&mut pump.syncs_since_request);
+                let left = self
+                    .st
+                    .pending
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(ignored as u32);
+                self.st.pending.store(left, Ordering::Relaxed);
+                self.link.sent.fetch_sub(
+                    ignored.min(self.link.sent.load(Ordering::Relaxed)),
+                    Ordering::Relaxed,
+                );
+                let frame = self.buf.split_to(len).freeze();
+                send(server, &frame).await?;
+            }
+            _ => {
+                let frame = self.buf.split_to(len).freeze();
+                send(server, &frame).await?;
+            }
+        }
+        Ok(Step::Continue)
+    }
+
+    /// Notes a request that a ReadyForQuery will answer, with its directive.
+    fn request_sent(&self, effects: Effects, action: Action) {
+        let seq = self.link.sent.fetch_add(1, Ordering::Relaxed);
+        if !effects.is_empty() || !matches!(action, Action::Forward) {
+            self.link.push(Directive {
+                seq,
+                action,
+                effects,
+            });
+        }
+        self.st.pending.fetch_add(1, Ordering::Relaxed);
+        self.st.unsynced.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether results may be served and stored right now (at a boundary, status `status`).
+    fn usable(&self, status: TransactionStatus) -> Result<(), Refusal> {
+        let config = self.shared.config();
+        if !config.cache.is_on() {
+            return Err(Refusal::CacheOff);
+        }
+        if !self.session.enabled {
+            return Err(Refusal::SessionOff);
+        }
+        let Some(ctx) = self.session.context.as_ref() else {
+            return Err(Refusal::SettingsUnknown);
+        };
+        if self.link.context_stale.load(Ordering::Relaxed) {
+            return Err(Refusal::SettingsUnknown);
+        }
+        match status {
+            TransactionStatus::Idle => Ok(()),
+            TransactionStatus::Failed => Err(Refusal::TransactionWrote),
+            TransactionStatus::InTransaction => {
+                if self.link.txn_wrote.load(Ordering::Relaxed) {
+                    Err(Refusal::TransactionWrote)
+                } else if self.link.txn_snapshot.load(Ordering::Relaxed)
+                    || ctx.snapshot_by_default()
+                {
+                    Err(Refusal::SnapshotIsolation)
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Reads the session context again if it may have changed and the session is idle.
+    async fn refresh_context<SW: AsyncWrite + Unpin>(
+        &mut self,
+        server: &mut SW,
+    ) -> Result<(), PumpError> {
+        if !self.link.context_stale.load(Ordering::Relaxed)
+            || self.st.status() != TransactionStatus::Idle
+        {
+            return Ok(());
+        }
+        self.link.context_stale.store(false, Ordering::Relaxed);
+        let rows = self
+            .ask(server, &crate::cache::context::context_query())
+            .await?;
+        self.session.context = match rows.and_then(|r| r.into_iter().next()) {
+            Some(row) => {
+                let values = row.into_iter().map(Option::unwrap_or_default).collect();
+                Some(self.session.db.contexts.intern(values))
+            }
+            None => None,
+        };
+        if self.session.context.is_none() {
+            self.link.context_stale.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Runs one of pgmemo's own queries on the session's server connection.
+    async fn ask<SW: AsyncWrite + Unpin>(
+        &mut self,
+        server: &mut SW,
+        sql: &str,
+    ) -> Result<Option<Vec<catalog::Row>>, PumpError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.request_sent(Effects::default(), Action::Internal(tx));
+        send(server, &wire::frontend::query(sql)).await?;
+        Ok(rx.await.ok().flatten())
+    }
+
+    /// Answers a hit, or returns the refusal that made it a miss.
+    async fn try_hit<CW: AsyncWrite + Unpin>(
+        &mut self,
+        client: &tokio::sync::Mutex<CW>,
+        status: TransactionStatus,
+        bind_complete: bool,
+        describe: bool,
+    ) -> Result<bool, PumpError> {
+        let cache = &self.shared.cache;
+        let Some(entry) = cache.store.get(&self.session.key) else {
+            return Ok(false);
+        };
+        if !entry.is_servable(Instant::now) || (describe && entry.description.is_none()) {
+            return Ok(false);
+        }
+        let out = &mut self.session.out;
+        out.clear();
+        if bind_complete {
+            out.extend_from_slice(b"2\0\0\0\x04");
+        }
+        if let Some(d) = entry.description.as_ref().filter(|_| describe) {
+            out.extend_from_slice(d);
+        }
+        out.extend_from_slice(&entry.rows);
+        out.extend_from_slice(&[b'Z', 0, 0, 0, 5, status.as_byte()]);
+        {
+            let mut w = client.lock().await;
+            w.write_all(out).await.map_err(PumpError::Client)?;
+            w.flush().await.map_err(PumpError::Client)?;
+        }
+        cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+        cache
+            .stats
+            .saved_micros
+            .fetch_add(entry.miss_micros, Ordering::Relaxed);
+        entry.query.hit(entry.miss_micros);
+        Ok(true)
+    }
+
+    async fn query<CW, SW>(
+        &mut self,
+        frame: Bytes,
+        client: &tokio::sync::Mutex<CW>,
+        server: &mut SW,
+    ) -> Result<(), PumpError>
+    where
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        let text = &frame[5..frame.len().saturating_sub(1)];
+        let at_boundary = self.st.at_boundary();
+        if at_boundary {
+            self.refresh_context(server).await?;
+        }
+        let status = self.st.status();
+        if let Some(on) = session_switch(text) {
+            self.session.enabled = on;
+            if at_boundary {
+                let mut out = BytesMut::with_capacity(32);
+                wire::backend::command_complete("SET", &mut out);
+                out.extend_from_slice(&wire::backend::ready_for_query(status));
+                let mut w = client.lock().await;
+                w.write_all(&out).await.map_err(PumpError::Client)?;
+                w.flush().await.map_err(PumpError::Client)?;
+                return Ok(());
+            }
+        }
+        let usable = if at_boundary {
+            self.usable(status)
+        } else {
+            Err(Refusal::Pipelined)
+        };
+        if usable.is_ok() && self.session.start_key(b'Q').is_some() {
+            self.session.key.extend_from_slice(text);
+            if self.try_hit(client, status, false, true).await? {
+                return Ok(());
+            }
+        }
+        let can_ask = at_boundary && status != TransactionStatus::Failed;
+        let text = String::from_utf8_lossy(text).into_owned();
+        let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
+        self.apply_statement_changes(&plan);
+        let refusal = usable
+            .and_then(|()| plan.read.as_ref().map_err(|r| *r).map(|_| ()))
+            .and_then(|()| {
+                if time_literal {
+                    Err(Refusal::TimeLiteral)
+                } else {
+                    Ok(())
+                }
+            });
+        let action = match refusal {
+            Ok(()) => match self.capture(&plan, b'Q', text.as_bytes(), None) {
+                Some(c) => Action::Capture(c),
+                None => Action::Forward,
+            },
+            Err(r) => {
+                self.shared.cache.stats.refused(r);
+                plan.query.miss(Some(r));
+                Action::Forward
+            }
+        };
+        if matches!(action, Action::Capture(_)) {
+            self.shared
+                .cache
+                .stats
+                .misses
+                .fetch_add(1, Ordering::Relaxed);
+            plan.query.miss(None);
+        }
+        self.request_sent(plan.effects.clone(), action);
+        send(server, &frame).await
+    }
+
+    /// A capture directive for a cacheable miss; `identity` and `tail` make the key.
+    fn capture(
+        &mut self,
+        plan: &Plan,
+        kind: u8,
+        identity: &[u8],
+        tail: Option<&[u8]>,
+    ) -> Option<Box<Capture>> {
+        let read = plan.read.as_ref().ok()?;
+        self.session.start_key(kind)?;
+        self.session.key.extend_from_slice(identity);
+        if let Some(t) = tail {
+            self.session.key.extend_from_slice(t);
+        }
+        let config = self.shared.config();
+        let ttl = read.ttl.or_else(|| {
+            let t = config.cache_ttl.0;
+            (!t.is_zero()).then_some(t)
+        });
+        Some(Box::new(Capture {
+            key: self.session.key.clone().into_boxed_slice(),
+            snapshot: self.session.db.generations.snapshot(&read.tables),
+            ttl,
+            query: Arc::clone(&plan.query),
+            started: Instant::now(),
+            max_bytes: config.max_entry_size.0,
+        }))
+    }
+
+    fn apply_statement_changes(&mut self, plan: &Plan) {
+        for change in &plan.statements {
+            match change {
+                StatementChange::Forget(name) => self.session.forget(name.as_bytes()),
+                StatementChange::ForgetAll => self.session.statements.clear(),
+            }
+        }
+    }
+
+    /// The plan of a statement text (memoized by shape), and whether the text holds a time
+    /// literal. Catalog lookups run only when `can_ask`.
+    async fn plan_for<SW: AsyncWrite + Unpin>(
+        &mut self,
+        text: &str,
+        can_ask: bool,
+        server: &mut SW,
+    ) -> Result<(Arc<Plan>, bool), PumpError> {
+        let scs = self
+            .session
+            .context
+            .as_ref()
+            .is_none_or(|c| c.standard_conforming_strings());
+        let ctx_id = self.session.context.as_ref().map_or(0, |c| c.id);
+        let shape = sql::shape(text, scs);
+        let memo_key = format!("{ctx_id}\0{}\0{}", shape.hints.join(""), shape.text);
+        if let Some(p) = self.session.db.plan(&memo_key) {
+            return Ok((p, shape.time_literal));
+        }
+        let query = self.shared.cache.queries.get(shape.text.trim());
+        let options = sql::ParseOptions {
+            standard_conforming_strings: scs,
+        };
+        let analysis = match sql::analyze_with(text, options) {
+            Ok(a) => a,
+            Err(_) => {
+                let p = Arc::new(plan::unparsable(query));
+                self.session.db.remember(memo_key, Arc::clone(&p));
+                return Ok((p, shape.time_literal));
+            }
+        };
+        let (rels, fns) = plan::names_to_look_up(&analysis.statements);
+        let mut facts: Option<Facts> = None;
+        let mut view_volatility = None;
+        if plan::needs_catalog(&analysis.statements) && can_ask {
+            facts = self.look_up(server, &rels, &fns).await?;
+            if let Some(f) = &facts {
+                view_volatility = self.view_function_volatility(server, f).await?;
+            }
+        }
+        let hints = plan::hints(&shape.hints);
+        let config = self.shared.config();
+        let excluded = |schema: &str, table: &str| config.table_excluded(schema, table);
+        let inputs = plan::Inputs {
+            facts: facts.as_ref(),
+            relation_names: &rels,
+            function_names: &fns,
+            view_function_volatility: view_volatility,
+            hints: &hints,
+            excluded: &excluded,
+        };
+        let p = Arc::new(plan::decide(&analysis.statements, &inputs, query));
+        if p.complete {
+            self.session.db.remember(memo_key, Arc::clone(&p));
+        }
+        Ok((p, shape.time_literal))
+    }
+
+    async fn look_up<SW: AsyncWrite + Unpin>(
+        &mut self,
+        server: &mut SW,
+        rels: &[(Option<String>, String)],
+        fns: &[(Option<String>, String)],
+    ) -> Result<Option<Facts>, PumpError> {
+        let names =
+            |v: &[(Option<String>, String)]| -> Vec<(Option<String>, String)> { v.to_vec() };
+        let rels = names(rels);
+        let fns = names(fns);
+        let r: Vec<catalog::Name<'_>> = rels
+            .iter()
+            .map(|(s, n)| (s.as_deref(), n.as_str()))
+            .collect();
+        let f: Vec<catalog::Name<'_>> = fns
+            .iter()
+            .map(|(s, n)| (s.as_deref(), n.as_str()))
+            .collect();
+        let Ok(sql) = catalog::lookup_query(&r, &f) else {
+            return Ok(None);
+        };
+        self.shared
+            .cache
+            .stats
+            .catalog_lookups
+            .fetch_add(1, Ordering::Relaxed);
+        let rows = self.ask(server, &sql).await?;
+        Ok(rows.and_then(|rows| catalog::parse_facts(&rows).ok()))
+    }
+
+    /// The worst volatility of the functions the views among `facts` call: `b'?'` when one
+    /// cannot be resolved, `None` when no view is involved.
+    async fn view_function_volatility<SW: AsyncWrite + Unpin>(
+        &mut self,
+        server: &mut SW,
+        facts: &Facts,
+    ) -> Result<Option<u8>, PumpError> {
+        let mut fns: Vec<(Option<String>, String)> = Vec::new();
+        let mut any_view = false;
+        for def in facts
+            .relations
+            .iter()
+            .filter_map(|r| r.view_definition.as_deref())
+        {
+            any_view = true;
+            match sql::analyze(def) {
+                Ok(a) => {
+                    if a.statements
+                        .iter()
+                        .any(|s| s.sql_value_functions.iter().any(|f| f.is_time()))
+                    {
+                        return Ok(Some(b'v'));
+                    }
+                    let (_, f) = plan::names_to_look_up(&a.statements);
+                    fns.extend(f);
+                }
+                Err(_) => return Ok(Some(b'?')),
+            }
+        }
+        if !any_view {
+            return Ok(None);
+        }
+        if fns.is_empty() {
+            return Ok(Some(b'i'));
+        }
+        fns.sort();
+        fns.dedup();
+        let Some(f) = self.look_up(server, &[], &fns).await? else {
+            return Ok(Some(b'?'));
+        };
+        let mut worst = b'i';
+        for i in 0..fns.len() {
+            let found: Vec<u8> = f
+                .functions
+                .iter()
+                .filter(|p| p.name_index == i)
+                .map(|p| p.volatility)
+                .collect();
+            if found.is_empty() {
+                return Ok(Some(b'?'));
+            }
+            for v in found {
+                if v == b'v' || (v == b's' && worst == b'i') {
+                    worst = v;
+                }
+            }
+        }
+        Ok(Some(worst))
+    }
+
+    /// Tracks one extended-protocol message forwarded as it is.
+    fn extended_passthrough(&mut self, frame: &Bytes, pump: &mut Pump) {
+        let body = &frame[5..];
+        match frame[0] {
+            b'P' => {
+                if let Some(p) = parse_message(body) {
+                    self.session
+                        .parsed(frame.slice_ref(p.name), p.text, p.param_types);
+                }
+            }
+            b'B' => {
+                if let Some(b) = bind_message(body) {
+                    pump.portals
+                        .insert(frame.slice_ref(b.portal), frame.slice_ref(b.statement));
+                }
+            }
+            b'E' => {
+                let portal = cstr(body).map(|(p, _)| p).unwrap_or_default();
+                let effects = pump
+                    .portals
+                    .get(portal)
+                    .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
+                    .and_then(|s| s.plan.as_ref())
+                    .map(|(_, p)| p.effects.clone())
+                    .unwrap_or_else(|| self.effects_without_catalog(portal, pump));
+                pump.batch_effects.merge(&effects);
+            }
+            b'C' => {
+                if body.first() == Some(&b'S') {
+                    if let Some((name, _)) = cstr(&body[1..]) {
+                        self.session.forget(name);
+                    }
+                }
+            }
+            _ => {}
+        }
+        if !matches!(frame[0], b'S' | b'H') {
+            self.st.unsynced.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Effects of executing a portal whose statement has no plan yet: from the memo when the
+    /// shape is known, else assumed to write anything.
+    fn effects_without_catalog(&self, portal: &[u8], pump: &Pump) -> Effects {
+        let text = pump
+            .portals
+            .get(portal)
+            .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
+            .map(|s| s.text.clone());
+        if let Some(text) = text {
+            if let Ok(a) = sql::analyze(&text) {
+                let only_reads = a.statements.iter().all(|s| {
+                    matches!(s.kind, sql::StatementKind::Select)
+                        && s.functions.is_empty()
+                        && !s.select_into
+                        && !s.data_modifying_cte
+                });
+                if only_reads {
+                    return Effects::default();
+                }
+            }
+        }
+        Effects {
+            database_wide: true,
+            settings: true,
+            ..Effects::default()
+        }
+    }
+
+    /// Routes a whole batch up to its Sync, sent at a boundary.
+    async fn batch<CW, SW>(
+        &mut self,
+        bytes: Bytes,
+        pump: &mut Pump,
+        client: &tokio::sync::Mutex<CW>,
+        server: &mut SW,
+    ) -> Result<(), PumpError>
+    where
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        self.refresh_context(server).await?;
+        let status = self.st.status();
+        let frames = split_frames(&bytes);
+        let shape = cacheable_shape(&bytes, &frames);
+        let usable = self.usable(status);
+        // Hit: Bind [Describe] Execute Sync on a statement prepared earlier.
+        if let (Some(s), Ok(())) = (&shape, usable) {
+            if !s.parse {
+                let bind = &bytes[frames[0].clone()];
+                if let Some(b) = bind_message(&bind[5..]) {
+                    let identity = self
+                        .session
+                        .statements
+                        .get(b.statement)
+                        .map(|st| st.identity.clone());
+                    if let Some(identity) = identity {
+                        if self.session.start_key(b'E').is_some() {
+                            self.session.key.extend_from_slice(&identity);
+                            self.session.key.extend_from_slice(b.tail);
+                            if self.try_hit(client, status, true, s.describe).await? {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Miss or not cacheable: track every message, plan the executed statements.
+        let can_ask = status != TransactionStatus::Failed;
+        let mut effects = Effects::default();
+        let mut capture = None;
+        for r in &frames {
+            let frame = bytes.slice(r.clone());
+            self.extended_passthrough(&frame, pump);
+            if frame[0] != b'E' {
+                continue;
+            }
+            let portal = cstr(&frame[5..]).map(|(p, _)| p).unwrap_or_default();
+            let Some(stmt_name) = pump.portals.get(portal).cloned() else {
+                effects.merge(&self.effects_without_catalog(portal, pump));
+                continue;
+            };
+            let Some(text) = self
+                .session
+                .statements
+                .get(stmt_name.as_ref())
+                .map(|s| s.text.clone())
+            else {
+                self.shared.cache.stats.refused(Refusal::UnknownStatement);
+                effects.database_wide = true;
+                continue;
+            };
+            let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
+            let ctx_id = self.session.context.as_ref().map_or(0, |c| c.id);
+            if let Some(s) = self.session.statements.get_mut(stmt_name.as_ref()) {
+                s.plan = Some((ctx_id, Arc::clone(&plan)));
+            }
+            effects.merge(&plan.effects);
+            self.apply_statement_changes(&plan);
+            if shape.is_some() {
+                let bind =
+                    &bytes[frames[usize::from(shape.as_ref().is_some_and(|s| s.parse))].clone()];
+                let refusal = usable
+                    .and_then(|()| plan.read.as_ref().map_err(|r| *r).map(|_| ()))
+                    .and_then(|()| {
+                        if time_literal {
+                            Err(Refusal::TimeLiteral)
+                        } else {
+                            Ok(())
+                        }
+                    })
+                    .and_then(|()| match bind_message(&bind[5..]) {
+                        Some(b) if !bind_has_time_word(&b) => Ok(()),
+                        Some(_) => Err(Refusal::TimeLiteral),
+                        None => Err(Refusal::UnsupportedBatch),
+                    });
+                match refusal {
+                    Ok(()) => {
+                        let b = bind_message(&bind[5..]);
+                        let identity = self
+                            .session
+                            .statements
+                            .get(stmt_name.as_ref())
+                            .map(|s| s.identity.clone());
+                        if let (Some(b), Some(identity)) = (b, identity) {
+                            capture = self.capture(&plan, b'E', &identity, Some(b.tail));
+                            if capture.is_some() {
+                                self.shared
+                                    .cache
+                                    .stats
+                                    .misses
+                                    .fetch_add(1, Ordering::Relaxed);
+                                plan.query.miss(None);
+                            }
+                        }
+                    }
+                    Err(r) => {
+                        self.shared.cache.stats.refused(r);
+                        plan.query.miss(Some(r));
+                    }
+                }
+            }
+        }
+        pump.batch_effects = Effects::default();
+        pump.syncs_since_request = 0;
+        let action = capture.map_or(Action::Forward, Action::Capture);
+        self.request_sent(effects, action);
+        send(server, &bytes).await
+    }
+}
+
+async fn send<W: AsyncWrite + Unpin>(server: &mut W, bytes: &[u8]) -> Result<(), PumpError> {
+    server.write_all(bytes).await.map_err(PumpError::Server)?;
+    server.flush().await.map_err(PumpError::Server)
+}
+
+/// `SET [SESSION] pgmemo.cache {=|TO} {on|off|default}` (and `RESET pgmemo.cache`): the
+/// session's own cache switch, answered by pgmemo.
+fn session_switch(text: &[u8]) -> Option<bool> {
+    let text = std::str::from_utf8(text)
+        .ok()?
+        .trim()
+        .trim_end_matches(';')
+        .to_ascii_lowercase();
+    let text = text.replace('=', " = ");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let words: Vec<&str> = match words.as_slice() {
+        ["set", "session", rest @ ..] => {
+            std::iter::once("set").chain(rest.iter().copied()).collect()
+        }
+        _ => words,
+    };
+    match words.as_slice() {
+        ["set", "pgmemo.cache", "=" | "to", value] => match value.trim_matches('\'') {
+            "on" | "true" | "default" => Some(true),
+            "off" | "false" => Some(false),
+            _ => None,
+        },
+        ["reset", "pgmemo.cache"] => Some(true),
+        _ => None,
+    }
+}
+
+enum Batch {
+    /// The batch up to and including its Sync is this many bytes.
+    Complete(usize),
+    /// More bytes are needed to see the whole batch.
+    Incomplete,
+    /// Not a batch pgmemo holds back (a Flush, a Query, too large).
+    Other,
+}
+
+fn scan_batch(buf: &[u8], max: usize) -> Batch {
+    let mut pos = 0;
+    loop {
+        let Ok(Some(h)) = FrameHeader::peek(&buf[pos..], max) else {
+            return if pos < MAX_BATCH {
+                Batch::Incomplete
+            } else {
+                Batch::Other
+            };
+        };
+        if !matches!(h.tag, b'P' | b'B' | b'D' | b'E' | b'C' | b'S') {
+            return Batch::Other;
+        }
+        if buf.len() - pos < h.frame_len {
+            return if pos + h.frame_len <= MAX_BATCH {
+                Batch::Incomplete
+            } else {
+                Batch::Other
+            };
+        }
+        pos += h.frame_len;
+        if h.tag == b'S' {
+            return Batch::Complete(pos);
+        }
+    }
+}
+
+fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut v = Vec::new();
+    let mut pos = 0;
+    while let Ok(Some(h)) = FrameHeader::peek(&bytes[pos..], usize::MAX) {
+        if bytes.len() - pos < h.frame_len {
+            break;
+        }
+        v.push(pos..pos + h.frame_len);
+        pos += h.frame_len;
+    }
+    v
+}
+
+/// The one batch form whose result pgmemo caches.
+struct BatchShape {
+    parse: bool,
+    describe: bool,
+}
+
+/// `[Parse] Bind("" portal) [Describe(portal "")] Execute("", 0 rows) Sync`.
+fn cacheable_shape(bytes: &[u8], frames: &[std::ops::Range<usize>]) -> Option<BatchShape> {
+    let tags: Vec<u8> = frames.iter().map(|r| bytes[r.start]).collect();
+    let body = |i: usize| &bytes[frames[i].start + 5..frames[i].end];
+    let (parse, rest) = match tags.first() {
+        Some(b'P') => (true, 1),
+        _ => (false, 0),
+    };
+    let describe = match &tags[rest..] {
+        [b'B', b'E', b'S'] => false,
+        [b'B', b'D', b'E', b'S'] => true,
+        _ => return None,
+    };
+    let bind = bind_message(body(rest))?;
+    if !bind.portal.is_empty() {
+        return None;
+    }
+    if parse {
+        let p = parse_message(body(0))?;
+        if p.name != bind.statement {
+            return None;
+        }
+    }
+    if describe && body(rest + 1) != b"P\0" {
+        return None;
+    }
+    let exec = body(rest + 1 + usize::from(describe));
+    if exec != b"\0\0\0\0\0" {
+        return None;
+    }
+    Some(BatchShape { parse, describe })
+}
+
+fn cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let nul = b.iter().position(|&c| c == 0)?;
+    Some((&b[..nul], &b[nul + 1..]))
+}
+
+struct ParseMessage<'a> {
+    name: &'a [u8],
+    text: &'a [u8],
+    param_types: &'a [u8],
+}
+
+fn parse_message(body: &[u8]) -> Option<ParseMessage<'_>> {
+    let (name, rest) = cstr(body)?;
+    let (text, param_types) = cstr(rest)?;
+    Some(ParseMessage {
+        name,
+        text,
+        param_types,
+    })
+}
+
+struct BindMessage<'a> {
+    portal: &'a [u8],
+    statement: &'a [u8],
+    /// Parameter formats and values and result formats: the part of the key a Bind adds.
+    tail: &'a [u8],
+}
+
+fn bind_message(body: &[u8]) -> Option<BindMessage<'_>> {
+    let (portal, rest) = cstr(body)?;
+    let (statement, tail) = cstr(rest)?;
+    Some(BindMessage {
+        portal,
+        statement,
+        tail,
+    })
+}
+
+/// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
+/// date or time parameter reads as the clock.
+fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
+    let t = b.tail;
+    let read_i16 =
+        |at: usize| -> Option<i16> { Some(i16::from_be_bytes([*t.get(at)?, *t.get(at + 1)?])) };
+    let Some(nfmt) = read_i16(0) else { return true };
+    let nfmt = nfmt.max(0) as usize;
+    let formats: Vec<i16> = (0..nfmt).filter_map(|i| read_i16(2 + 2 * i)).collect();
+    let mut pos = 2 + 2 * nfmt;
+    let Some(nparams) = read_i16(pos) else {
+        return true;
+    };
+    pos += 2;
+    for i in 0..nparams.max(0) as usize {
+        let Some(len) = t
+            .get(pos..pos + 4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        else {
+            return true;
+        };
+        pos += 4;
+        if len < 0 {
+            continue;
+        }
+        let len = len as usize;
+        let Some(value) = t.get(pos..pos + len) else {
+            return true;
+        };
+        pos += len;
+        let format = match formats.len() {
+            0 => 0,
+            1 => formats[0],
+            _ => formats.get(i).copied().unwrap_or(0),
+        };
+        if format == 0 && len <= 16 {
+            let v = String::from_utf8_lossy(value).trim().to_ascii_lowercase();
+            if ["now", "today", "tomorrow", "yesterday"]
+                .iter()
+                .any(|w| v.starts_with(w))
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_switch_forms() {
+        assert_eq!(session_switch(b"SET pgmemo.cache = off"), Some(false));
+        assert_eq!(
+            session_switch(b"set session pgmemo.cache to 'on';"),
+            Some(true)
+        );
+        assert_eq!(session_switch(b"set pgmemo.cache=off"), Some(false));
+        assert_eq!(session_switch(b"RESET pgmemo.cache"), Some(true));
+        assert_eq!(session_switch(b"set search_path = x"), None);
+    }
+}

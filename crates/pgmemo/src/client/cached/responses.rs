@@ -1,0 +1,380 @@
+//! The server pump of a caching session: forwards responses, captures the ones a directive
+//! asks for and stores them if they complete cleanly and no write committed meanwhile, keeps
+//! pgmemo's own queries' answers from the client, and applies each request's effects when its
+//! ReadyForQuery arrives: at once for autocommit statements, at COMMIT for transactions (before
+//! the client can see the COMMIT's result), never for a ROLLBACK.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use wire::backend::TransactionStatus;
+use wire::{ErrorResponse, FrameHeader};
+
+use super::{Action, Capture, Directive, Link};
+use crate::cache::catalog::Row;
+use crate::cache::plan::Effects;
+use crate::cache::store::Entry;
+use crate::cache::DatabaseCache;
+use crate::client::relay::{refill_position, PumpError, RelayState, MAX_SERVER_FRAME};
+use crate::shared::Shared;
+
+/// A response being captured.
+struct Filling {
+    capture: Box<Capture>,
+    description: Option<Bytes>,
+    rows: Vec<u8>,
+    completes: usize,
+    ok: bool,
+}
+
+impl Filling {
+    fn add(&mut self, tag: u8, frame: &[u8]) {
+        if !self.ok {
+            return;
+        }
+        match tag {
+            b'T' if self.description.is_none() => {
+                self.description = Some(Bytes::copy_from_slice(frame));
+            }
+            b'D' => self.rows.extend_from_slice(frame),
+            b'C' => {
+                self.completes += 1;
+                self.rows.extend_from_slice(frame);
+            }
+            // ParseComplete, BindComplete, NoData: the hit path writes its own.
+            b'1' | b'2' | b'n' => {}
+            // Errors, notices, notifications, parameter changes, copy, empty query: the
+            // response is not what a later identical request would get.
+            _ => self.abort(),
+        }
+        if self.rows.len() + self.description.as_ref().map_or(0, Bytes::len)
+            > self.capture.max_bytes
+        {
+            self.abort();
+        }
+    }
+
+    fn abort(&mut self) {
+        self.ok = false;
+        self.rows = Vec::new();
+    }
+
+    /// Whether an incoming frame of `len` bytes still fits.
+    fn fits(&self, len: usize) -> bool {
+        self.ok && self.rows.len() + len <= self.capture.max_bytes
+    }
+}
+
+/// What the pump tracks about the response in flight.
+#[derive(Default)]
+struct InFlight {
+    directive: Option<Directive>,
+    filling: Option<Filling>,
+    internal_rows: Vec<Row>,
+    error: bool,
+}
+
+/// Runs the server pump until the server closes or fails.
+pub(super) async fn run<R, W>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+    client: &tokio::sync::Mutex<W>,
+    st: &RelayState,
+    link: &Link,
+    shared: &Shared,
+    db: &Arc<DatabaseCache>,
+) -> Result<(), PumpError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut done: u64 = 0;
+    let mut body_left = 0usize;
+    let mut flight = InFlight::default();
+    let mut txn = Effects::default();
+    loop {
+        if !buf.is_empty() {
+            let mut pos = 0;
+            let mut fwd_start = 0;
+            let mut answered = 0u32;
+            let mut writer = client.lock().await;
+            loop {
+                if body_left > 0 {
+                    let n = body_left.min(buf.len() - pos);
+                    pos += n;
+                    body_left -= n;
+                    if body_left > 0 {
+                        break;
+                    }
+                }
+                if flight.directive.is_none() {
+                    if let Some(d) = link.take(done) {
+                        if let Action::Capture(_) = &d.action {
+                            start_filling(&mut flight, d);
+                        } else {
+                            flight.directive = Some(d);
+                        }
+                    }
+                }
+                let Some(header) = FrameHeader::peek(&buf[pos..], MAX_SERVER_FRAME)
+                    .map_err(PumpError::Protocol)?
+                else {
+                    break;
+                };
+                let tag = header.tag;
+                let len = header.frame_len;
+                let internal = matches!(
+                    flight.directive.as_ref().map(|d| &d.action),
+                    Some(Action::Internal(_))
+                );
+                if let Some(f) = flight.filling.as_mut() {
+                    if !f.fits(len) {
+                        f.abort();
+                    }
+                }
+                let capturing = flight.filling.as_ref().is_some_and(|f| f.ok);
+                let need_whole = tag == b'Z' || tag == b'E' || internal || capturing;
+                let available = buf.len() - pos;
+                if available < len {
+                    if need_whole {
+                        break;
+                    }
+                    pos = buf.len();
+                    body_left = len - available;
+                    break;
+                }
+                let frame = &buf[pos..pos + len];
+                if internal {
+                    // pgmemo's own query: the client sees only notifications and parameter
+                    // changes that happen to arrive with it.
+                    if !matches!(tag, b'A' | b'S') {
+                        write(&mut *writer, &buf[fwd_start..pos]).await?;
+                        fwd_start = pos + len;
+                    }
+                    match tag {
+                        b'D' => flight.internal_rows.push(text_columns(&frame[5..])),
+                        b'E' => flight.error = true,
+                        b'Z' => {
+                            st.status.store(frame[5], Ordering::Relaxed);
+                            answered += 1;
+                            done += 1;
+                            let d = flight.directive.take();
+                            let rows = std::mem::take(&mut flight.internal_rows);
+                            if let Some(Directive {
+                                action: Action::Internal(reply),
+                                ..
+                            }) = d
+                            {
+                                let _ = reply.send((!flight.error).then_some(rows));
+                            }
+                            flight = InFlight::default();
+                        }
+                        _ => {}
+                    }
+                    pos += len;
+                    continue;
+                }
+                if let Some(f) = flight.filling.as_mut() {
+                    if tag != b'Z' {
+                        f.add(tag, frame);
+                    }
+                }
+                match tag {
+                    b'E' => {
+                        flight.error = true;
+                        if ErrorResponse::parse(&frame[5..]).is_ok_and(|e| e.is_fatal()) {
+                            st.server_fatal.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    b'S' => link.context_stale.store(true, Ordering::Relaxed),
+                    b'Z' if len == 6 => {
+                        let status = frame[5];
+                        st.status.store(status, Ordering::Relaxed);
+                        let status = TransactionStatus::from_byte(status)
+                            .unwrap_or(TransactionStatus::Failed);
+                        finish(&mut flight, status, &mut txn, link, shared, db);
+                        answered += 1;
+                        done += 1;
+                        flight = InFlight::default();
+                    }
+                    _ => {}
+                }
+                pos += len;
+            }
+            write(&mut *writer, &buf[fwd_start..pos]).await?;
+            drop(writer);
+            buf.advance(pos);
+            if answered > 0 {
+                let left = st.pending.load(Ordering::Relaxed).saturating_sub(answered);
+                st.pending.store(left, Ordering::Relaxed);
+                if left == 0 && st.watch_idle.load(Ordering::Relaxed) {
+                    st.idle.notify_waiters();
+                }
+            }
+        }
+        refill_position(buf);
+        if reader.read_buf(buf).await.map_err(PumpError::Server)? == 0 {
+            return Err(PumpError::Server(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+}
+
+fn start_filling(flight: &mut InFlight, d: Directive) {
+    let Directive {
+        seq,
+        action,
+        effects,
+    } = d;
+    if let Action::Capture(capture) = action {
+        flight.filling = Some(Filling {
+            capture,
+            description: None,
+            rows: Vec::new(),
+            completes: 0,
+            ok: true,
+        });
+    }
+    flight.directive = Some(Directive {
+        seq,
+        action: Action::Forward,
+        effects,
+    });
+}
+
+async fn write<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> Result<(), PumpError> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    w.write_all(bytes).await.map_err(PumpError::Client)?;
+    w.flush().await.map_err(PumpError::Client)
+}
+
+/// The columns of a DataRow body as text.
+fn text_columns(body: &[u8]) -> Row {
+    let mut row = Vec::new();
+    let Some(count) = body.get(..2) else {
+        return row;
+    };
+    let count = u16::from_be_bytes([count[0], count[1]]);
+    let mut rest = &body[2..];
+    for _ in 0..count {
+        if rest.len() < 4 {
+            break;
+        }
+        let n = i32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        rest = &rest[4..];
+        if n < 0 {
+            row.push(None);
+            continue;
+        }
+        let n = (n as usize).min(rest.len());
+        row.push(Some(String::from_utf8_lossy(&rest[..n]).into_owned()));
+        rest = &rest[n..];
+    }
+    row
+}
+
+/// A response ended with ReadyForQuery(`status`): store its capture, apply its effects.
+fn finish(
+    flight: &mut InFlight,
+    status: TransactionStatus,
+    txn: &mut Effects,
+    link: &Link,
+    shared: &Shared,
+    db: &DatabaseCache,
+) {
+    let cache = &shared.cache;
+    if let Some(f) = flight.filling.take() {
+        let micros = f.capture.started.elapsed().as_micros() as u64;
+        f.capture.query.timed(micros);
+        if f.ok && !flight.error && f.completes == 1 {
+            if f.capture.snapshot.is_fresh() {
+                let Filling {
+                    capture,
+                    description,
+                    rows,
+                    ..
+                } = f;
+                let Capture {
+                    key,
+                    snapshot,
+                    ttl,
+                    query,
+                    ..
+                } = *capture;
+                for t in snapshot.tables() {
+                    t.fills.fetch_add(1, Ordering::Relaxed);
+                }
+                let entry = Entry {
+                    description,
+                    rows: Bytes::from(rows),
+                    snapshot,
+                    expires: ttl.map(|d| Instant::now() + d),
+                    query,
+                    miss_micros: micros,
+                };
+                cache.store.insert(key, Arc::new(entry));
+                cache.stats.stores.fetch_add(1, Ordering::Relaxed);
+            } else {
+                cache.stats.stale_fills.fetch_add(1, Ordering::Relaxed);
+            }
+        } else if !f.ok {
+            cache.stats.refused(crate::cache::plan::Refusal::NotStored);
+        }
+    }
+    let Some(d) = flight.directive.take() else {
+        if status == TransactionStatus::Idle {
+            end_transaction(txn, link, shared, db);
+        }
+        return;
+    };
+    let e = d.effects;
+    if e.rollback {
+        *txn = Effects::default();
+        link.txn_wrote.store(false, Ordering::Relaxed);
+    }
+    txn.merge(&e);
+    if e.settings {
+        link.context_stale.store(true, Ordering::Relaxed);
+    }
+    if status == TransactionStatus::Idle {
+        end_transaction(txn, link, shared, db);
+    } else {
+        if e.writes_data() {
+            link.txn_wrote.store(true, Ordering::Relaxed);
+        }
+        if e.snapshot {
+            link.txn_snapshot.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The transaction is over (committed, or rolled back with `txn` already emptied): its writes
+/// become visible to everyone, so results depending on them go.
+fn end_transaction(txn: &mut Effects, link: &Link, shared: &Shared, db: &DatabaseCache) {
+    let e = std::mem::take(txn);
+    link.txn_wrote.store(false, Ordering::Relaxed);
+    link.txn_snapshot.store(false, Ordering::Relaxed);
+    apply_commit(&e, shared, db);
+}
+
+/// Applies committed effects to the cache.
+pub(crate) fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) {
+    let stats = &shared.cache.stats;
+    if e.ddl {
+        db.forget_plans();
+    }
+    if e.database_wide {
+        db.generations.invalidate_database();
+        stats.database_invalidations.fetch_add(1, Ordering::Relaxed);
+    }
+    if !e.writes.is_empty() {
+        db.generations.invalidate_tables(&e.writes);
+        stats
+            .invalidations
+            .fetch_add(e.writes.len() as u64, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,86 @@
+//! What a caching session remembers between requests: its context (the session half of every
+//! key), the statements it prepared (protocol-level and SQL-level names share one namespace on
+//! the server, and so here), and the scratch buffers the hit path reuses so that it allocates
+//! nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::cache::context::Context;
+use crate::cache::plan::Plan;
+use crate::cache::DatabaseCache;
+
+/// A statement prepared with Parse (or `PREPARE`), as the client named it.
+#[derive(Debug)]
+pub struct Statement {
+    /// The query text.
+    pub text: String,
+    /// Key part identifying the statement: text and parameter type OIDs as sent in Parse.
+    pub identity: Bytes,
+    /// Its plan, once one was made in the context below.
+    pub plan: Option<(u64, Arc<Plan>)>,
+}
+
+/// Per-session cache state.
+pub struct CacheSession {
+    pub db: Arc<DatabaseCache>,
+    /// `None` while the settings may have changed and were not read again.
+    pub context: Option<Arc<Context>>,
+    /// Prepared statements by name (`""` is the unnamed statement).
+    pub statements: HashMap<Bytes, Statement>,
+    /// The session's `SET pgmemo.cache` (on unless turned off).
+    pub enabled: bool,
+    /// Reused for keys.
+    pub key: Vec<u8>,
+    /// Reused for hit responses.
+    pub out: Vec<u8>,
+}
+
+impl CacheSession {
+    /// A session on `db` whose context is not known yet.
+    pub fn new(db: Arc<DatabaseCache>) -> CacheSession {
+        CacheSession {
+            db,
+            context: None,
+            statements: HashMap::new(),
+            enabled: true,
+            key: Vec::with_capacity(256),
+            out: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Starts a key in `self.key`: database, context and the request kind. `None` without a
+    /// known context.
+    pub fn start_key(&mut self, kind: u8) -> Option<()> {
+        let ctx = self.context.as_ref()?;
+        self.key.clear();
+        self.key.extend_from_slice(&self.db.id.to_le_bytes());
+        self.key.extend_from_slice(&ctx.id.to_le_bytes());
+        self.key.push(kind);
+        Some(())
+    }
+
+    /// Records a Parse: `name` now means `text` with these parameter types.
+    pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) {
+        let mut identity = Vec::with_capacity(text.len() + param_types.len() + 5);
+        identity.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        identity.extend_from_slice(text);
+        identity.extend_from_slice(param_types);
+        self.statements.insert(
+            name,
+            Statement {
+                text: String::from_utf8_lossy(text).into_owned(),
+                identity: Bytes::from(identity),
+                plan: None,
+            },
+        );
+    }
+
+    /// Forgets a statement (Close, DEALLOCATE, or a SQL `PREPARE` whose text pgmemo does not
+    /// key on).
+    pub fn forget(&mut self, name: &[u8]) {
+        self.statements.remove(name);
+    }
+}
