@@ -185,6 +185,15 @@ def pgmemo_binary():
     return target_dir / "release" / "pgmemo"
 
 
+def pgmemo_has_cache_flag(binary):
+    """True when this pgmemo build has the `--cache on|off` switch (read from `pgmemo --help`)."""
+    try:
+        r = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return re.search(r"--cache(?![-\w])", r.stdout + r.stderr) is not None
+
+
 def start_pgmemo(binary, pool_size, pool_mode, workdir, workers, extra_args=(), name="pgmemo"):
     """Starts pgmemo on a free port; `extra_args` are appended to its command line (bench/cache.py
     passes `--cache on|off`), `name` names the proxy and its log file in `workdir`."""
@@ -477,8 +486,10 @@ def main():
     proxies = {}
     try:
         if "pgmemo" in targets:
+            # Pass-through: the result cache (when this build has one) stays off.
+            extra = ["--cache", "off"] if pgmemo_has_cache_flag(binary) else []
             proxies["pgmemo"] = start_pgmemo(binary, max_clients, args.pool_mode, workdir,
-                                             args.pgmemo_workers)
+                                             args.pgmemo_workers, extra_args=extra)
         if "pgbouncer" in targets:
             proxies["pgbouncer"] = start_pgbouncer(pgbouncer_bin, max_clients, args.pool_mode, workdir)
         for p in proxies.values():
@@ -496,6 +507,7 @@ def main():
             "info": {
                 "command": "python3 bench/run.py " + " ".join(sys.argv[1:]),
                 "pgmemo": f"{version([str(binary), '--version'])}, git {git_rev()}"
+                          + (", --cache off" if pgmemo_has_cache_flag(binary) else "")
                           if "pgmemo" in targets else "not run",
                 "pgbouncer": version([pgbouncer_bin, "--version"]) if pgbouncer_bin else "not installed",
                 "postgres": psql(tools, "SHOW server_version") + f" on {PG_HOST}:{PG_PORT}",

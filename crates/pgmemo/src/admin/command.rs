@@ -12,6 +12,11 @@ pub enum AdminCommand {
     ShowVersion,
     ShowHelp,
     Reload,
+    ShowCache,
+    ShowQueries,
+    ShowTables,
+    /// `CACHE PURGE [table]`.
+    CachePurge(Option<String>),
     /// Blank query: answered with EmptyQueryResponse.
     Empty,
     /// Anything else, kept for the error message.
@@ -38,6 +43,15 @@ impl AdminCommand {
             ["SHOW", "VERSION"] => AdminCommand::ShowVersion,
             ["SHOW", "HELP"] | ["SHOW"] | ["HELP"] => AdminCommand::ShowHelp,
             ["RELOAD"] => AdminCommand::Reload,
+            ["SHOW", "CACHE"] => AdminCommand::ShowCache,
+            ["SHOW", "QUERIES"] => AdminCommand::ShowQueries,
+            ["SHOW", "TABLES"] => AdminCommand::ShowTables,
+            ["CACHE", "PURGE"] => AdminCommand::CachePurge(None),
+            ["CACHE", "PURGE", _] => AdminCommand::CachePurge(
+                text.split_whitespace()
+                    .nth(2)
+                    .map(|t| t.trim_matches('"').to_owned()),
+            ),
             _ => AdminCommand::Unknown(text.to_owned()),
         }
     }

@@ -7,6 +7,7 @@
 //! Anyone else gets 42501.
 
 mod command;
+mod show_cache;
 mod show_clients;
 mod show_config;
 mod show_help;
@@ -187,6 +188,19 @@ fn answer(shared: &Shared, command: AdminCommand, out: &mut BytesMut) {
         AdminCommand::ShowConfig => show_config::show_config(shared),
         AdminCommand::ShowVersion => show_help::show_version(),
         AdminCommand::ShowHelp => show_help::show_help(),
+        AdminCommand::ShowCache => show_cache::show_cache(shared),
+        AdminCommand::ShowQueries => show_cache::show_queries(shared),
+        AdminCommand::ShowTables => show_cache::show_tables(shared),
+        AdminCommand::CachePurge(table) => {
+            match table {
+                None => shared.cache.purge_all(),
+                Some(t) => {
+                    shared.cache.purge_table(&t);
+                }
+            }
+            backend::command_complete("CACHE PURGE", out);
+            return;
+        }
         AdminCommand::Empty => {
             backend::empty_query_response(out);
             return;

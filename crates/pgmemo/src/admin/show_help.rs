@@ -18,6 +18,19 @@ pub fn show_help() -> Table {
         ("SHOW STATS", "counters since start"),
         ("SHOW CONFIG", "settings in force (passwords masked)"),
         ("SHOW VERSION", "pgmemo's version"),
+        (
+            "SHOW CACHE",
+            "result cache size, hits, misses, invalidations, refusals by reason",
+        ),
+        (
+            "SHOW QUERIES",
+            "per statement: calls, hits, misses, mean miss time, time saved",
+        ),
+        ("SHOW TABLES", "per table: results stored and invalidations"),
+        (
+            "CACHE PURGE [table]",
+            "drop every cached result, or those reading a table",
+        ),
         ("RELOAD", "reload the configuration, as SIGHUP does"),
     ] {
         t.row(vec![Some(c.to_owned()), Some(d.to_owned())]);

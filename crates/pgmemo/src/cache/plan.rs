@@ -108,6 +108,7 @@ impl Effects {
         self.ddl |= other.ddl;
         self.settings |= other.settings;
         self.snapshot |= other.snapshot;
+        self.rollback |= other.rollback;
     }
 
     /// Whether there is anything to do at all.
@@ -189,10 +190,11 @@ pub fn hints(comments: &[String]) -> Hints {
     h
 }
 
+/// A name as (optional schema, name), owned.
+pub type OwnedName = (Option<String>, String);
+
 /// The names a statement list needs looked up: relations read or written, and functions.
-pub fn names_to_look_up(
-    statements: &[StatementInfo],
-) -> (Vec<(Option<String>, String)>, Vec<(Option<String>, String)>) {
+pub fn names_to_look_up(statements: &[StatementInfo]) -> (Vec<OwnedName>, Vec<OwnedName>) {
     let mut rels = Vec::new();
     let mut fns = Vec::new();
     for s in statements {

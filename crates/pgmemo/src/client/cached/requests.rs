@@ -185,6 +185,7 @@ impl Requests<'_> {
     /// Notes a request that a ReadyForQuery will answer, with its directive.
     fn request_sent(&self, effects: Effects, action: Action) {
         let seq = self.link.sent.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(seq, ?effects, "request sent");
         if !effects.is_empty() || !matches!(action, Action::Forward) {
             self.link.push(Directive {
                 seq,
@@ -349,15 +350,7 @@ impl Requests<'_> {
         let text = String::from_utf8_lossy(text).into_owned();
         let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
         self.apply_statement_changes(&plan);
-        let refusal = usable
-            .and_then(|()| plan.read.as_ref().map_err(|r| *r).map(|_| ()))
-            .and_then(|()| {
-                if time_literal {
-                    Err(Refusal::TimeLiteral)
-                } else {
-                    Ok(())
-                }
-            });
+        let refusal = refusal(&plan, usable, time_literal);
         let action = match refusal {
             Ok(()) => match self.capture(&plan, b'Q', text.as_bytes(), None) {
                 Some(c) => Action::Capture(c),
@@ -594,11 +587,9 @@ impl Requests<'_> {
                     .unwrap_or_else(|| self.effects_without_catalog(portal, pump));
                 pump.batch_effects.merge(&effects);
             }
-            b'C' => {
-                if body.first() == Some(&b'S') {
-                    if let Some((name, _)) = cstr(&body[1..]) {
-                        self.session.forget(name);
-                    }
+            b'C' if body.first() == Some(&b'S') => {
+                if let Some((name, _)) = cstr(&body[1..]) {
+                    self.session.forget(name);
                 }
             }
             _ => {}
@@ -710,19 +701,13 @@ impl Requests<'_> {
             if shape.is_some() {
                 let bind =
                     &bytes[frames[usize::from(shape.as_ref().is_some_and(|s| s.parse))].clone()];
-                let refusal = usable
-                    .and_then(|()| plan.read.as_ref().map_err(|r| *r).map(|_| ()))
-                    .and_then(|()| {
-                        if time_literal {
-                            Err(Refusal::TimeLiteral)
-                        } else {
-                            Ok(())
+                let refusal =
+                    refusal(&plan, usable, time_literal).and_then(|()| {
+                        match bind_message(&bind[5..]) {
+                            Some(b) if !bind_has_time_word(&b) => Ok(()),
+                            Some(_) => Err(Refusal::TimeLiteral),
+                            None => Err(Refusal::UnsupportedBatch),
                         }
-                    })
-                    .and_then(|()| match bind_message(&bind[5..]) {
-                        Some(b) if !bind_has_time_word(&b) => Ok(()),
-                        Some(_) => Err(Refusal::TimeLiteral),
-                        None => Err(Refusal::UnsupportedBatch),
                     });
                 match refusal {
                     Ok(()) => {
@@ -752,11 +737,28 @@ impl Requests<'_> {
             }
         }
         pump.batch_effects = Effects::default();
-        pump.syncs_since_request = 0;
+        // The batch's Sync: after an Execute that starts a COPY FROM STDIN it gets no
+        // ReadyForQuery (see the CopyDone handling).
+        if frames.iter().any(|r| bytes[r.start] == b'E') {
+            pump.syncs_since_request = 1;
+        } else {
+            pump.syncs_since_request += 1;
+        }
         let action = capture.map_or(Action::Forward, Action::Capture);
         self.request_sent(effects, action);
         send(server, &bytes).await
     }
+}
+
+/// Why a request with this plan is not served or stored: the plan's own reason first, then
+/// the session's state, then a time literal in the text.
+fn refusal(plan: &Plan, usable: Result<(), Refusal>, time_literal: bool) -> Result<(), Refusal> {
+    plan.read.as_ref().map_err(|r| *r)?;
+    usable?;
+    if time_literal {
+        return Err(Refusal::TimeLiteral);
+    }
+    Ok(())
 }
 
 async fn send<W: AsyncWrite + Unpin>(server: &mut W, bytes: &[u8]) -> Result<(), PumpError> {

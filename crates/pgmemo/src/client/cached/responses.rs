@@ -332,6 +332,7 @@ fn finish(
         return;
     };
     let e = d.effects;
+    tracing::debug!(seq = d.seq, ?status, effects = ?e, "response complete");
     if e.rollback {
         *txn = Effects::default();
         link.txn_wrote.store(false, Ordering::Relaxed);
@@ -363,6 +364,7 @@ fn end_transaction(txn: &mut Effects, link: &Link, shared: &Shared, db: &Databas
 
 /// Applies committed effects to the cache.
 pub(crate) fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) {
+    tracing::debug!(effects = ?e, "applying committed effects");
     let stats = &shared.cache.stats;
     if e.ddl {
         db.forget_plans();

@@ -1,0 +1,347 @@
+//! The result cache's correctness matrix, against a real PostgreSQL. Whether a read was served
+//! from the cache is observed from outside: after a write made directly to the server (which
+//! pgmemo cannot see without the replication feed), a cached read still returns the old value
+//! and an uncached one the new value.
+
+use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+async fn setup() -> (TempPostgres, PgmemoInstance, Client) {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT '2024-01-01 12:00Z');
+         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
+    )
+    .await;
+    let memo = spawn_pgmemo(pgmemo_config_for(pg.port()))
+        .await
+        .expect("pgmemo starts");
+    let direct = pg.client("postgres", "postgres").await;
+    (pg, memo, direct)
+}
+
+/// The first column of the first row of a simple query.
+async fn first(client: &Client, sql: &str) -> Option<String> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_owned)),
+            _ => None,
+        })
+        .flatten()
+}
+
+/// Runs `sql` twice through pgmemo, changes `t` directly, and tells whether pgmemo still
+/// answers with the value from before the change (served from the cache).
+async fn served_from_cache(memo: &Client, direct: &Client, sql: &str) -> bool {
+    let before = first(memo, sql).await;
+    assert_eq!(
+        first(memo, sql).await,
+        before,
+        "{sql}: stable while nothing changes"
+    );
+    direct
+        .batch_execute("UPDATE t SET v = v || '+', ts = ts + interval '1 hour'")
+        .await
+        .unwrap();
+    let after = first(memo, sql).await;
+    let fresh = first(direct, sql).await;
+    if after == before && after != fresh {
+        return true;
+    }
+    assert_eq!(after, fresh, "{sql}: an uncached read must be fresh");
+    false
+}
+
+#[tokio::test]
+async fn repeated_read_is_cached_and_a_write_through_pgmemo_invalidates_it() {
+    let (_pg, memo, direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert!(served_from_cache(&c, &direct, q).await);
+    c.batch_execute("UPDATE t SET v = 'uno' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("uno"));
+    // Another session of the same role and settings shares the entry.
+    let other = memo.client("postgres", "postgres").await;
+    assert_eq!(first(&other, q).await.as_deref(), Some("uno"));
+}
+
+#[tokio::test]
+async fn writes_of_every_kind_invalidate() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT count(*) FROM t";
+    assert_eq!(first(&c, q).await.as_deref(), Some("2"));
+    c.batch_execute("INSERT INTO t (id, v) VALUES (3, 'three')")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("3"));
+    c.batch_execute("DELETE FROM t WHERE id = 3").await.unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("2"));
+    // COPY FROM STDIN.
+    let sink = c.copy_in("COPY t (id, v) FROM STDIN").await.unwrap();
+    use futures_util::SinkExt;
+    let mut sink = Box::pin(sink);
+    sink.send(bytes::Bytes::from_static(b"4\tfour\n"))
+        .await
+        .unwrap();
+    sink.as_mut().finish().await.unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("3"));
+    c.batch_execute("TRUNCATE t").await.unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("0"));
+    // DDL: the new column appears in SELECT *.
+    let star = "SELECT * FROM t";
+    c.simple_query(star).await.unwrap();
+    c.batch_execute(
+        "INSERT INTO t (id, v) VALUES (5, 'five'); ALTER TABLE t ADD COLUMN extra int DEFAULT 7",
+    )
+    .await
+    .unwrap();
+    let rows = c.simple_query(star).await.unwrap();
+    let row = rows
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        })
+        .expect("a row");
+    assert_eq!(row.get("extra"), Some("7"));
+}
+
+#[tokio::test]
+async fn transactions_commit_invalidates_rollback_does_not_and_written_reads_bypass() {
+    let (_pg, memo, direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 2";
+    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+
+    // A transaction that wrote reads its own write, not the cache.
+    c.batch_execute("BEGIN; UPDATE t SET v = 'mine' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("mine"));
+    // Meanwhile the server's value changes behind pgmemo's back; the rollback must not
+    // invalidate, so the cached 'two' is still served afterwards.
+    c.batch_execute("ROLLBACK").await.unwrap();
+    direct
+        .batch_execute("UPDATE t SET v = 'behind' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&c, q).await.as_deref(),
+        Some("two"),
+        "rollback invalidated nothing"
+    );
+
+    // A committed write invalidates.
+    c.batch_execute("BEGIN; UPDATE t SET v = 'committed' WHERE id = 2; COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("committed"));
+
+    // REPEATABLE READ bypasses the cache.
+    assert_eq!(first(&c, q).await.as_deref(), Some("committed"));
+    direct
+        .batch_execute("UPDATE t SET v = 'rr' WHERE id = 2")
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("rr"));
+    c.batch_execute("COMMIT").await.unwrap();
+}
+
+#[tokio::test]
+async fn reads_that_must_not_be_cached_are_not() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE SEQUENCE s; CREATE UNLOGGED TABLE u AS SELECT * FROM t;
+         CREATE TABLE r AS SELECT * FROM t; ALTER TABLE r ENABLE ROW LEVEL SECURITY;
+         CREATE FUNCTION stable_v(int) RETURNS text STABLE LANGUAGE sql AS 'SELECT v FROM t WHERE id = $1';
+         CREATE VIEW vnow AS SELECT v, now() AS at FROM t;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    for sql in [
+        "SELECT v FROM t WHERE id = 1 AND now() > '2000-01-01'",
+        "SELECT v FROM t WHERE id = 1 AND random() >= 0",
+        "SELECT v FROM t WHERE id = 1 FOR UPDATE",
+        "SELECT v FROM t WHERE id = 1 AND current_timestamp IS NOT NULL",
+        "SELECT v FROM t WHERE id = 1 AND 'now'::timestamptz > '2000-01-01'",
+        "SELECT stable_v(1)",
+        "SELECT v FROM vnow LIMIT 1",
+        "/* pgmemo:nocache */ SELECT v FROM t WHERE id = 1",
+        "/*NO QUERY CACHE*/ SELECT v FROM t WHERE id = 2",
+        "SELECT relname || (SELECT v FROM t WHERE id = 1) FROM pg_class WHERE relname = 't'",
+    ] {
+        assert!(
+            !served_from_cache(&c, &direct, sql).await,
+            "{sql} was cached"
+        );
+    }
+    // Tables whose contents pgmemo must not cache: the probe changes t, so these read t
+    // through a join to make the change visible.
+    for sql in [
+        "SELECT (SELECT v FROM t WHERE id = 1) || count(*) FROM u",
+        "SELECT (SELECT v FROM t WHERE id = 1) || count(*) FROM r",
+        "SELECT (SELECT v FROM t WHERE id = 1) || last_value FROM s",
+    ] {
+        assert!(
+            !served_from_cache(&c, &direct, sql).await,
+            "{sql} was cached"
+        );
+    }
+    c.batch_execute("CREATE TEMP TABLE tmp AS SELECT 1 AS x")
+        .await
+        .unwrap();
+    // Only this session sees tmp, so the fresh value comes from t directly.
+    let tq = "SELECT (SELECT v FROM t WHERE id = 1) || x FROM tmp";
+    first(&c, tq).await;
+    first(&c, tq).await;
+    direct
+        .batch_execute("UPDATE t SET v = 'temp-probe' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&c, tq).await.as_deref(),
+        Some("temp-probe1"),
+        "temp table read was cached"
+    );
+    // And immutable functions are fine.
+    assert!(served_from_cache(&c, &direct, "SELECT upper(v) FROM t WHERE id = 1").await);
+}
+
+#[tokio::test]
+async fn session_switch_turns_the_cache_off_for_one_session() {
+    let (_pg, memo, direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    c.batch_execute("SET pgmemo.cache = off").await.unwrap();
+    assert!(!served_from_cache(&c, &direct, "SELECT v FROM t WHERE id = 1").await);
+    c.batch_execute("SET pgmemo.cache = on").await.unwrap();
+    assert!(served_from_cache(&c, &direct, "SELECT v FROM t WHERE id = 1").await);
+}
+
+#[tokio::test]
+async fn roles_search_paths_and_time_zones_never_share_a_result() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE ROLE reader LOGIN; CREATE ROLE outsider LOGIN;
+         GRANT SELECT ON t TO reader;
+         CREATE SCHEMA a; CREATE SCHEMA b; CREATE TABLE a.x AS SELECT 'in a'::text AS w;
+         CREATE TABLE b.x AS SELECT 'in b'::text AS w; GRANT USAGE ON SCHEMA a, b TO reader;
+         GRANT SELECT ON a.x, b.x TO reader;",
+    )
+    .await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    let reader = memo.client("reader", "postgres").await;
+    assert_eq!(first(&reader, q).await.as_deref(), Some("one"));
+    assert_eq!(first(&reader, q).await.as_deref(), Some("one"));
+    let outsider = memo.client("outsider", "postgres").await;
+    let err = outsider.simple_query(q).await.expect_err("no privilege");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+    );
+
+    let s1 = memo.client("reader", "postgres").await;
+    let s2 = memo.client("reader", "postgres").await;
+    s1.batch_execute("SET search_path = a").await.unwrap();
+    s2.batch_execute("SET search_path = b").await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(first(&s1, "SELECT w FROM x").await.as_deref(), Some("in a"));
+        assert_eq!(first(&s2, "SELECT w FROM x").await.as_deref(), Some("in b"));
+    }
+
+    let z1 = memo.client("reader", "postgres").await;
+    let z2 = memo.client("reader", "postgres").await;
+    z1.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
+    z2.batch_execute("SET TimeZone = 'Asia/Tokyo'")
+        .await
+        .unwrap();
+    let tq = "SELECT ts::text FROM t WHERE id = 1";
+    for _ in 0..2 {
+        assert_eq!(
+            first(&z1, tq).await.as_deref(),
+            Some("2024-01-01 12:00:00+00")
+        );
+        assert_eq!(
+            first(&z2, tq).await.as_deref(),
+            Some("2024-01-01 21:00:00+09")
+        );
+    }
+}
+
+#[tokio::test]
+async fn prepared_statements_are_cached_per_parameter_values() {
+    let (_pg, memo, direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let stmt = c.prepare("SELECT v FROM t WHERE id = $1").await.unwrap();
+    let get = |id: i32| {
+        let c = &c;
+        let stmt = stmt.clone();
+        async move {
+            c.query_one(&stmt, &[&id])
+                .await
+                .unwrap()
+                .get::<_, String>(0)
+        }
+    };
+    assert_eq!(get(1).await, "one");
+    assert_eq!(get(2).await, "two");
+    assert_eq!(get(1).await, "one");
+    direct
+        .batch_execute("UPDATE t SET v = v || '!'")
+        .await
+        .unwrap();
+    // Served from the cache, each with its own parameter's value.
+    assert_eq!(get(1).await, "one");
+    assert_eq!(get(2).await, "two");
+    c.execute("UPDATE t SET v = 'fresh' WHERE id = 1", &[])
+        .await
+        .unwrap();
+    assert_eq!(get(1).await, "fresh");
+    // Binary results (tokio-postgres asks for binary) and text results never share an entry.
+    assert_eq!(
+        first(&c, "SELECT v FROM t WHERE id = 2").await.as_deref(),
+        Some("two!")
+    );
+}
+
+#[tokio::test]
+async fn admin_console_reports_hits_and_purges() {
+    let (_pg, memo, direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    first(&c, q).await;
+    first(&c, q).await;
+    let admin = memo.client("postgres", "pgmemo").await;
+    let cache = admin.simple_query("SHOW CACHE").await.unwrap();
+    let value = |name: &str| {
+        cache.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get(0) == Some(name) => r.get(1).map(str::to_owned),
+            _ => None,
+        })
+    };
+    assert_eq!(value("hits").as_deref(), Some("1"));
+    assert_eq!(value("entries").as_deref(), Some("1"));
+    let queries = admin.simple_query("SHOW QUERIES").await.unwrap();
+    assert!(queries.iter().any(|m| matches!(m,
+        SimpleQueryMessage::Row(r) if r.get(0) == Some("SELECT v FROM t WHERE id = ?") && r.get(2) == Some("1"))));
+    direct
+        .batch_execute("UPDATE t SET v = 'purged' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    admin.simple_query("CACHE PURGE t").await.unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("purged"));
+}
