@@ -345,3 +345,193 @@ async fn admin_console_reports_hits_and_purges() {
     admin.simple_query("CACHE PURGE t").await.unwrap();
     assert_eq!(first(&c, q).await.as_deref(), Some("purged"));
 }
+
+async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
+    let admin = memo.client("postgres", "pgmemo").await;
+    let rows = admin.simple_query("SHOW CACHE").await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get(0) == Some(name) => r.get(1).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("SHOW CACHE has no {name}"))
+        .parse()
+        .unwrap()
+}
+
+/// An IMMUTABLE (by declaration) function that takes a while: a slow cacheable read.
+const SLOW: &str = "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
+    $$ BEGIN PERFORM pg_sleep(0.6); RETURN x; END $$;";
+
+#[tokio::test]
+async fn concurrent_misses_on_one_key_run_once() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(SLOW).await;
+    let q = "SELECT v, slow(1) FROM t WHERE id = 1";
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let c = memo.client("postgres", "postgres").await;
+        tasks.push(tokio::spawn(async move { first(&c, q).await }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().as_deref(), Some("one"));
+    }
+    assert_eq!(
+        show_cache(&memo, "misses").await,
+        1,
+        "one session ran the query"
+    );
+    assert_eq!(
+        show_cache(&memo, "hits").await,
+        3,
+        "the others were answered from its entry"
+    );
+    assert_eq!(show_cache(&memo, "flight_waits").await, 3);
+}
+
+#[tokio::test]
+async fn a_read_that_raced_with_a_committed_write_is_not_stored() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(SLOW).await;
+    // slow(id), not slow(1): a constant argument would be folded while planning, before the
+    // read's snapshot is taken.
+    let q = "SELECT v || slow(id) FROM t WHERE id = 1";
+    let reader = memo.client("postgres", "postgres").await;
+    let slow_read = tokio::spawn(async move { first(&reader, q).await });
+    // Wait until the read runs on the server (its snapshot is taken), then write through
+    // pgmemo and let the write commit while the read is still going.
+    testkit::assert_eventually(
+        std::time::Duration::from_secs(10),
+        "the slow read is running",
+        || async {
+            first(
+                &direct,
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%slow(id)%' AND pid <> pg_backend_pid()",
+            )
+            .await
+            .as_deref()
+                == Some("1")
+        },
+    )
+    .await;
+    let writer = memo.client("postgres", "postgres").await;
+    writer
+        .batch_execute("UPDATE t SET v = 'new' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        slow_read.await.unwrap().as_deref(),
+        Some("one1"),
+        "read the old snapshot"
+    );
+    assert_eq!(show_cache(&memo, "stale_fills").await, 1);
+    assert_eq!(
+        first(&writer, q).await.as_deref(),
+        Some("new1"),
+        "the stale result was not stored"
+    );
+}
+
+#[tokio::test]
+async fn the_store_stays_within_its_byte_limit() {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql("CREATE TABLE big AS SELECT g AS id, repeat('x', 1000) AS pad FROM generate_series(1, 2000) g;")
+        .await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.cache_size = pgmemo::config::ByteSize(256 * 1024);
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let c = memo.client("postgres", "postgres").await;
+    for id in 1..=1500 {
+        first(&c, &format!("SELECT pad FROM big WHERE id = {id}")).await;
+    }
+    let bytes = show_cache(&memo, "bytes").await;
+    let limit = show_cache(&memo, "limit_bytes").await;
+    assert_eq!(limit, 256 * 1024);
+    assert!(
+        bytes as f64 <= limit as f64 * 1.05,
+        "{bytes} bytes held over a limit of {limit}"
+    );
+    assert!(show_cache(&memo, "evictions").await > 0);
+    assert!(
+        show_cache(&memo, "entries").await > 50,
+        "the cache still holds entries"
+    );
+}
+
+/// 16 clients read and write the same rows through pgmemo for 20 s. Values only grow, so a
+/// read that returns less than a write acknowledged before the read started is stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_and_writes_never_see_stale_values() {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql("CREATE TABLE kv (k int PRIMARY KEY, v bigint NOT NULL); INSERT INTO kv SELECT g, 0 FROM generate_series(0, 19) g;")
+        .await;
+    let memo = spawn_pgmemo(pgmemo_config_for(pg.port())).await.unwrap();
+    let floors: Arc<Vec<AtomicI64>> = Arc::new((0..20).map(|_| AtomicI64::new(0)).collect());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut tasks = Vec::new();
+    for client_no in 0..16u64 {
+        let c = memo.client("postgres", "postgres").await;
+        let floors = Arc::clone(&floors);
+        tasks.push(tokio::spawn(async move {
+            let read = c.prepare("SELECT v FROM kv WHERE k = $1").await.unwrap();
+            let mut x = client_no.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let (mut reads, mut writes) = (0u64, 0u64);
+            while Instant::now() < deadline {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let k = (x % 20) as i32;
+                if x % 10 == 0 {
+                    let v: i64 = c
+                        .query_one("UPDATE kv SET v = v + 1 WHERE k = $1 RETURNING v", &[&k])
+                        .await
+                        .unwrap()
+                        .get(0);
+                    floors[k as usize].fetch_max(v, Ordering::SeqCst);
+                    writes += 1;
+                } else {
+                    let floor = floors[k as usize].load(Ordering::SeqCst);
+                    let v: i64 = if x % 3 == 0 {
+                        first(&c, &format!("SELECT v FROM kv WHERE k = {k}"))
+                            .await
+                            .unwrap()
+                            .parse()
+                            .unwrap()
+                    } else {
+                        c.query_one(&read, &[&k]).await.unwrap().get(0)
+                    };
+                    assert!(
+                        v >= floor,
+                        "key {k}: read {v} after a write of {floor} was acknowledged"
+                    );
+                    reads += 1;
+                }
+            }
+            (reads, writes)
+        }));
+    }
+    let (mut reads, mut writes) = (0, 0);
+    for t in tasks {
+        let (r, w) = t.await.unwrap();
+        reads += r;
+        writes += w;
+    }
+    assert!(
+        reads > 1000 && writes > 100,
+        "{reads} reads, {writes} writes"
+    );
+    assert!(
+        show_cache(&memo, "hits").await > 0,
+        "the cache served some reads"
+    );
+}

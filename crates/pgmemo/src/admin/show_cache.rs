@@ -38,6 +38,7 @@ pub fn show_cache(shared: &Shared) -> Table {
         n(s.database_invalidations.load(Ordering::Relaxed)),
     );
     row("evictions", n(c.store.evictions()));
+    row("flight_waits", n(s.flight_waits.load(Ordering::Relaxed)));
     row(
         "catalog_lookups",
         n(s.catalog_lookups.load(Ordering::Relaxed)),

@@ -93,6 +93,28 @@ impl Generations {
         }
     }
 
+    /// Fills a plan's generation records, so misses of the plan snapshot without a lookup.
+    pub fn attach(&self, plan: &mut super::plan::ReadPlan) {
+        plan.generations = plan
+            .tables
+            .iter()
+            .map(|(oid, name)| self.table(*oid, name))
+            .collect();
+    }
+
+    /// Snapshots generation records attached earlier.
+    pub fn snapshot_of(&self, tables: &[Arc<TableGeneration>]) -> Snapshot {
+        let database_seen = self.database.load(Ordering::Acquire);
+        Snapshot {
+            database: Arc::clone(&self.database),
+            database_seen,
+            tables: tables
+                .iter()
+                .map(|t| (Arc::clone(t), t.current()))
+                .collect(),
+        }
+    }
+
     /// Makes every result depending on one of `oids` stale.
     pub fn invalidate_tables(&self, oids: &[u32]) {
         let tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());

@@ -13,6 +13,7 @@
 
 pub mod catalog;
 pub mod context;
+pub mod flight;
 pub mod generation;
 pub mod plan;
 pub mod stats;
@@ -73,6 +74,8 @@ pub struct Cache {
     pub store: Store,
     pub stats: CacheStats,
     pub queries: QueryRegistry,
+    /// Keys being filled now (single flight).
+    pub flights: Arc<flight::Flights>,
     databases: Mutex<HashMap<String, Arc<DatabaseCache>>>,
     next_database: AtomicU32,
 }
@@ -84,6 +87,7 @@ impl Cache {
             store: Store::new(capacity),
             stats: CacheStats::default(),
             queries: QueryRegistry::default(),
+            flights: Arc::default(),
             databases: Mutex::new(HashMap::new()),
             next_database: AtomicU32::new(0),
         }

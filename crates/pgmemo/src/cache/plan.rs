@@ -70,12 +70,15 @@ refusals! {
 }
 
 /// What a cacheable read depends on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ReadPlan {
     /// Every relation (OID, `schema.name`) whose change must invalidate the result.
     pub tables: Vec<(u32, String)>,
     /// A `/* pgmemo:ttl=... */` hint.
     pub ttl: Option<Duration>,
+    /// The generation records of `tables`, attached once per plan so that a miss snapshots
+    /// them without looking them up (see [`super::generation::Generations::attach`]).
+    pub generations: Vec<std::sync::Arc<super::generation::TableGeneration>>,
 }
 
 /// What running a statement does beyond returning its result.
@@ -452,6 +455,7 @@ fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal
             return Ok(ReadPlan {
                 tables: Vec::new(),
                 ttl: inputs.hints.ttl,
+                generations: Vec::new(),
             })
         }
     };
@@ -490,6 +494,7 @@ fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal
     Ok(ReadPlan {
         tables,
         ttl: inputs.hints.ttl,
+        generations: Vec::new(),
     })
 }
 

@@ -23,6 +23,8 @@ pub struct CacheStats {
     pub invalidations: AtomicU64,
     /// Whole-database invalidations (writes pgmemo could not attribute, DDL, purges).
     pub database_invalidations: AtomicU64,
+    /// Misses that waited for another session's identical query instead of running it.
+    pub flight_waits: AtomicU64,
     /// Catalog lookups pgmemo ran to analyse a statement shape.
     pub catalog_lookups: AtomicU64,
     /// Microseconds of upstream time saved by hits.
@@ -39,6 +41,7 @@ impl Default for CacheStats {
             stale_fills: AtomicU64::new(0),
             invalidations: AtomicU64::new(0),
             database_invalidations: AtomicU64::new(0),
+            flight_waits: AtomicU64::new(0),
             catalog_lookups: AtomicU64::new(0),
             saved_micros: AtomicU64::new(0),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),

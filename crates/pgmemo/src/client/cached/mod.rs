@@ -50,6 +50,8 @@ pub(crate) struct Capture {
     pub query: Arc<QueryStats>,
     pub started: Instant,
     pub max_bytes: usize,
+    /// Ends the single flight of `key` once the capture is stored or dropped.
+    pub flight: Option<crate::cache::flight::FlightGuard>,
 }
 
 /// One request's instructions for the server pump.

@@ -17,9 +17,14 @@ use wire::FrameHeader;
 
 use super::{Action, CacheSession, Capture, Directive, Link};
 use crate::cache::catalog::{self, Facts};
+use crate::cache::flight::{self, Flight};
 use crate::cache::plan::{self, Effects, Plan, Refusal, StatementChange};
 use crate::client::relay::{refill_position, PumpError, RelayState};
 use crate::shared::Shared;
+
+/// Longest a miss waits for another session running the same query (single flight) before
+/// running it itself.
+const FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A batch held back to be routed as a whole is at most this large.
 const MAX_BATCH: usize = 1 << 20;
@@ -353,7 +358,10 @@ impl Requests<'_> {
         let refusal = refusal(&plan, usable, time_literal);
         let action = match refusal {
             Ok(()) => match self.capture(&plan, b'Q', text.as_bytes(), None) {
-                Some(c) => Action::Capture(c),
+                Some(c) => match self.single_flight(c, client, status, false, true).await? {
+                    Some(c) => Action::Capture(c),
+                    None => return Ok(()),
+                },
                 None => Action::Forward,
             },
             Err(r) => {
@@ -395,12 +403,45 @@ impl Requests<'_> {
         });
         Some(Box::new(Capture {
             key: self.session.key.clone().into_boxed_slice(),
-            snapshot: self.session.db.generations.snapshot(&read.tables),
+            snapshot: self.session.db.generations.snapshot_of(&read.generations),
             ttl,
             query: Arc::clone(&plan.query),
             started: Instant::now(),
             max_bytes: config.max_entry_size.0,
+            flight: None,
         }))
+    }
+
+    /// Leads the fill of the capture's key, or waits for the session already filling it and
+    /// answers from its entry. `None` when the request was answered.
+    async fn single_flight<CW: AsyncWrite + Unpin>(
+        &mut self,
+        mut capture: Box<Capture>,
+        client: &tokio::sync::Mutex<CW>,
+        status: TransactionStatus,
+        extended: bool,
+        describe: bool,
+    ) -> Result<Option<Box<Capture>>, PumpError> {
+        match self.shared.cache.flights.join(&capture.key) {
+            Flight::Leader(guard) => {
+                capture.flight = Some(guard);
+                Ok(Some(capture))
+            }
+            Flight::Follower(done) => {
+                flight::wait(done, FLIGHT_WAIT).await;
+                self.shared
+                    .cache
+                    .stats
+                    .flight_waits
+                    .fetch_add(1, Ordering::Relaxed);
+                self.session.key.clear();
+                self.session.key.extend_from_slice(&capture.key);
+                if self.try_hit(client, status, extended, describe).await? {
+                    return Ok(None);
+                }
+                Ok(Some(capture))
+            }
+        }
     }
 
     fn apply_statement_changes(&mut self, plan: &Plan) {
@@ -463,7 +504,11 @@ impl Requests<'_> {
             hints: &hints,
             excluded: &excluded,
         };
-        let p = Arc::new(plan::decide(&analysis.statements, &inputs, query));
+        let mut p = plan::decide(&analysis.statements, &inputs, query);
+        if let Ok(read) = p.read.as_mut() {
+            self.session.db.generations.attach(read);
+        }
+        let p = Arc::new(p);
         if p.complete {
             self.session.db.remember(memo_key, Arc::clone(&p));
         }
@@ -583,7 +628,7 @@ impl Requests<'_> {
                     .get(portal)
                     .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
                     .and_then(|s| s.plan.as_ref())
-                    .map(|(_, p)| p.effects.clone())
+                    .map(|(_, p, _)| p.effects.clone())
                     .unwrap_or_else(|| self.effects_without_catalog(portal, pump));
                 pump.batch_effects.merge(&effects);
             }
@@ -681,21 +726,31 @@ impl Requests<'_> {
                 effects.merge(&self.effects_without_catalog(portal, pump));
                 continue;
             };
-            let Some(text) = self
-                .session
-                .statements
-                .get(stmt_name.as_ref())
-                .map(|s| s.text.clone())
-            else {
-                self.shared.cache.stats.refused(Refusal::UnknownStatement);
-                effects.database_wide = true;
-                continue;
-            };
-            let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
             let ctx_id = self.session.context.as_ref().map_or(0, |c| c.id);
-            if let Some(s) = self.session.statements.get_mut(stmt_name.as_ref()) {
-                s.plan = Some((ctx_id, Arc::clone(&plan)));
-            }
+            let known = match self.session.statements.get(stmt_name.as_ref()) {
+                None => None,
+                Some(s) => match &s.plan {
+                    Some((id, p, t)) if *id == ctx_id && p.complete => {
+                        Some(Ok((Arc::clone(p), *t)))
+                    }
+                    _ => Some(Err(s.text.clone())),
+                },
+            };
+            let (plan, time_literal) = match known {
+                None => {
+                    self.shared.cache.stats.refused(Refusal::UnknownStatement);
+                    effects.database_wide = true;
+                    continue;
+                }
+                Some(Ok(planned)) => planned,
+                Some(Err(text)) => {
+                    let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
+                    if let Some(s) = self.session.statements.get_mut(stmt_name.as_ref()) {
+                        s.plan = Some((ctx_id, Arc::clone(&plan), time_literal));
+                    }
+                    (plan, time_literal)
+                }
+            };
             effects.merge(&plan.effects);
             self.apply_statement_changes(&plan);
             if shape.is_some() {
@@ -719,14 +774,6 @@ impl Requests<'_> {
                             .map(|s| s.identity.clone());
                         if let (Some(b), Some(identity)) = (b, identity) {
                             capture = self.capture(&plan, b'E', &identity, Some(b.tail));
-                            if capture.is_some() {
-                                self.shared
-                                    .cache
-                                    .stats
-                                    .misses
-                                    .fetch_add(1, Ordering::Relaxed);
-                                plan.query.miss(None);
-                            }
                         }
                     }
                     Err(r) => {
@@ -744,7 +791,29 @@ impl Requests<'_> {
         } else {
             pump.syncs_since_request += 1;
         }
-        let action = capture.map_or(Action::Forward, Action::Capture);
+        let action = match capture {
+            Some(c) if shape.as_ref().is_some_and(|s| !s.parse) => {
+                let describe = shape.as_ref().is_some_and(|s| s.describe);
+                match self
+                    .single_flight(c, client, status, true, describe)
+                    .await?
+                {
+                    Some(c) => Action::Capture(c),
+                    // Answered from the entry another session just stored.
+                    None => return Ok(()),
+                }
+            }
+            Some(c) => Action::Capture(c),
+            None => Action::Forward,
+        };
+        if let Action::Capture(c) = &action {
+            self.shared
+                .cache
+                .stats
+                .misses
+                .fetch_add(1, Ordering::Relaxed);
+            c.query.miss(None);
+        }
         self.request_sent(effects, action);
         send(server, &bytes).await
     }

@@ -303,6 +303,7 @@ fn finish(
                     snapshot,
                     ttl,
                     query,
+                    flight,
                     ..
                 } = *capture;
                 for t in snapshot.tables() {
@@ -318,6 +319,8 @@ fn finish(
                 };
                 cache.store.insert(key, Arc::new(entry));
                 cache.stats.stores.fetch_add(1, Ordering::Relaxed);
+                // Waiting sessions look again only now that the entry is there.
+                drop(flight);
             } else {
                 cache.stats.stale_fills.fetch_add(1, Ordering::Relaxed);
             }
