@@ -59,6 +59,9 @@ struct Cli {
     /// Log filter such as `info` or `pgmemo=debug` [default: info].
     #[arg(long, value_name = "FILTER")]
     log_level: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics [default: off].
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
     /// Serve repeated reads from memory [default: on].
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     cache: Option<String>,
@@ -79,6 +82,10 @@ impl Cli {
         };
         set("listen", self.listen.map(|a| a.to_string().into()));
         set("upstream", self.upstream.clone().map(Into::into));
+        set(
+            "metrics_listen",
+            self.metrics_listen.map(|a| a.to_string().into()),
+        );
         set("pool_mode", self.pool_mode.clone().map(Into::into));
         set("pool_size", self.pool_size.map(|n| i64::from(n).into()));
         set("auth_type", self.auth_type.clone().map(Into::into));

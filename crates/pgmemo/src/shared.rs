@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::auth::Userlist;
 use crate::cancel::CancelRegistry;
 use crate::config::Config;
+use crate::metrics::Histogram;
 use crate::pool::Pools;
 use crate::registry::ClientRegistry;
 use crate::stats::Stats;
@@ -36,6 +37,9 @@ pub struct Shared {
     pub stats: Stats,
     /// The query-result cache.
     pub cache: crate::cache::Cache,
+    /// Upstream time of cache misses, for the metrics endpoint's latency histogram: totals
+    /// alone hide the slow tail that caching is meant to cut.
+    pub upstream_time: Histogram,
     /// Clients logged in now, for `SHOW CLIENTS`.
     pub clients: ClientRegistry,
     reloader: std::sync::Mutex<Option<Reloader>>,
@@ -64,6 +68,7 @@ impl Shared {
             cancels: CancelRegistry::default(),
             stats: Stats::default(),
             cache,
+            upstream_time: Histogram::default(),
             clients: ClientRegistry::default(),
             reloader: std::sync::Mutex::new(None),
             sessions: TaskTracker::new(),
@@ -104,6 +109,10 @@ impl Shared {
         if new.pool_mode != old.pool_mode {
             kept.push("pool_mode");
             new.pool_mode = old.pool_mode;
+        }
+        if new.metrics_listen != old.metrics_listen {
+            kept.push("metrics_listen");
+            new.metrics_listen = old.metrics_listen;
         }
         if new.shutdown_timeout != old.shutdown_timeout {
             kept.push("shutdown_timeout");

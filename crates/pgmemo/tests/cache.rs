@@ -535,3 +535,206 @@ async fn concurrent_reads_and_writes_never_see_stale_values() {
         "the cache served some reads"
     );
 }
+
+/// A client speaking the extended protocol by hand, to control exactly which messages pgmemo
+/// sees (drivers hide whether they send Parse).
+mod raw {
+    use bytes::{Buf, BufMut, BytesMut};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    pub struct Raw {
+        stream: TcpStream,
+        buf: BytesMut,
+    }
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    pub fn parse(text: &str, types: &[u32]) -> Vec<u8> {
+        let mut b = vec![0u8];
+        b.extend_from_slice(text.as_bytes());
+        b.push(0);
+        b.put_i16(types.len() as i16);
+        for t in types {
+            b.put_u32(*t);
+        }
+        msg(b'P', &b)
+    }
+
+    pub fn bind(params: &[&str]) -> Vec<u8> {
+        let mut b = vec![0u8, 0u8];
+        b.put_i16(0);
+        b.put_i16(params.len() as i16);
+        for p in params {
+            b.put_i32(p.len() as i32);
+            b.extend_from_slice(p.as_bytes());
+        }
+        b.put_i16(0);
+        msg(b'B', &b)
+    }
+
+    pub fn describe_portal() -> Vec<u8> {
+        msg(b'D', b"P\0")
+    }
+
+    pub fn execute() -> Vec<u8> {
+        msg(b'E', b"\0\0\0\0\0")
+    }
+
+    pub fn sync() -> Vec<u8> {
+        msg(b'S', b"")
+    }
+
+    impl Raw {
+        pub async fn connect(addr: std::net::SocketAddr) -> Raw {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            let mut body = Vec::new();
+            body.put_i32(196_608);
+            body.extend_from_slice(b"user\0postgres\0database\0postgres\0\0");
+            let mut startup = Vec::new();
+            startup.put_i32(body.len() as i32 + 4);
+            startup.extend_from_slice(&body);
+            stream.write_all(&startup).await.unwrap();
+            let mut raw = Raw {
+                stream,
+                buf: BytesMut::new(),
+            };
+            raw.until_ready().await;
+            raw
+        }
+
+        /// Sends `messages`, returns the tags and text columns of what came back up to
+        /// ReadyForQuery.
+        pub async fn round_trip(&mut self, messages: &[Vec<u8>]) -> (Vec<char>, Vec<String>) {
+            self.stream.write_all(&messages.concat()).await.unwrap();
+            self.until_ready().await
+        }
+
+        async fn until_ready(&mut self) -> (Vec<char>, Vec<String>) {
+            let (mut tags, mut values) = (Vec::new(), Vec::new());
+            loop {
+                while self.buf.len() >= 5 {
+                    let len =
+                        i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                            as usize;
+                    if self.buf.len() < len + 1 {
+                        break;
+                    }
+                    let frame = self.buf.split_to(len + 1);
+                    let tag = frame[0];
+                    tags.push(tag as char);
+                    if tag == b'D' {
+                        let mut body = &frame[5..];
+                        let n = body.get_i16();
+                        for _ in 0..n {
+                            let l = body.get_i32();
+                            values.push(
+                                String::from_utf8_lossy(&body[..l.max(0) as usize]).into_owned(),
+                            );
+                            body.advance(l.max(0) as usize);
+                        }
+                    }
+                    if tag == b'Z' {
+                        return (tags, values);
+                    }
+                }
+                let n = self.stream.read_buf(&mut self.buf).await.unwrap();
+                assert!(n > 0, "connection closed");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn unnamed_statements_hit_and_the_server_catches_up_when_needed() {
+    use raw::*;
+    let (_pg, memo, direct) = setup().await;
+    let mut c = Raw::connect(memo.addr()).await;
+    let q = "SELECT v FROM t WHERE id = $1";
+    let batch = |id: &str| {
+        vec![
+            parse(q, &[23]),
+            bind(&[id]),
+            describe_portal(),
+            execute(),
+            sync(),
+        ]
+    };
+    let (tags, values) = c.round_trip(&batch("1")).await;
+    assert_eq!(tags, vec!['1', '2', 'T', 'D', 'C', 'Z']);
+    assert_eq!(values, vec!["one"]);
+    direct
+        .batch_execute("UPDATE t SET v = v || '+'")
+        .await
+        .unwrap();
+    // Served from the cache, with the same messages PostgreSQL sends.
+    let (tags, values) = c.round_trip(&batch("1")).await;
+    assert_eq!(tags, vec!['1', '2', 'T', 'D', 'C', 'Z']);
+    assert_eq!(values, vec!["one"]);
+    // A Bind of the unnamed statement without a Parse: pgmemo parses it on the server first
+    // and keeps that ParseComplete from the client.
+    let (tags, values) = c
+        .round_trip(&[bind(&["2"]), describe_portal(), execute(), sync()])
+        .await;
+    assert_eq!(tags, vec!['2', 'T', 'D', 'C', 'Z']);
+    assert_eq!(values, vec!["two+"]);
+    // And the next Bind-only batch needs nothing more.
+    let (tags, values) = c.round_trip(&[bind(&["1"]), execute(), sync()]).await;
+    assert_eq!(tags, vec!['2', 'D', 'C', 'Z']);
+    assert_eq!(values, vec!["one"], "cached");
+}
+
+#[tokio::test]
+async fn ttls_from_hints_and_tables_end_entries() {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT now());
+         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');
+         CREATE TABLE rates (id int, v text); INSERT INTO rates VALUES (1, 'r');",
+    )
+    .await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.cache_table_ttl.insert(
+        "rates".into(),
+        pgmemo::config::Seconds(std::time::Duration::from_secs(1)),
+    );
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let direct = pg.client("postgres", "postgres").await;
+    let c = memo.client("postgres", "postgres").await;
+    for (q, table) in [
+        ("/* pgmemo:ttl=1s */ SELECT v FROM t WHERE id = 1", "t"),
+        ("SELECT v FROM rates WHERE id = 1", "rates"),
+    ] {
+        let before = first(&c, q).await;
+        first(&c, q).await;
+        direct
+            .batch_execute(&format!("UPDATE {table} SET v = v || '!'"))
+            .await
+            .unwrap();
+        let fresh = first(&direct, q).await;
+        // Still the cached value right after the direct write (unless a slow machine already
+        // passed the TTL), then the fresh one once the TTL is over.
+        let now = first(&c, q).await;
+        assert!(now == before || now == fresh);
+        testkit::assert_eventually(
+            std::time::Duration::from_secs(10),
+            "the entry expires",
+            || {
+                let (c, q, fresh) = (&c, q, fresh.clone());
+                async move { first(c, q).await == fresh }
+            },
+        )
+        .await;
+    }
+    // Without a TTL the entry stays.
+    let q = "SELECT v FROM t WHERE id = 2";
+    assert!(served_from_cache(&c, &direct, q).await);
+}

@@ -15,6 +15,8 @@ pub enum AdminCommand {
     ShowCache,
     ShowQueries,
     ShowTables,
+    /// `EXPLAIN CACHE query`.
+    ExplainCache(String),
     /// `CACHE PURGE [table]`.
     CachePurge(Option<String>),
     /// Blank query: answered with EmptyQueryResponse.
@@ -44,6 +46,10 @@ impl AdminCommand {
             ["SHOW", "HELP"] | ["SHOW"] | ["HELP"] => AdminCommand::ShowHelp,
             ["RELOAD"] => AdminCommand::Reload,
             ["SHOW", "CACHE"] => AdminCommand::ShowCache,
+            ["EXPLAIN", "CACHE", ..] => {
+                let rest = text.trim_start()[7..].trim_start()[5..].trim();
+                AdminCommand::ExplainCache(rest.to_owned())
+            }
             ["SHOW", "QUERIES"] => AdminCommand::ShowQueries,
             ["SHOW", "TABLES"] => AdminCommand::ShowTables,
             ["CACHE", "PURGE"] => AdminCommand::CachePurge(None),

@@ -7,6 +7,7 @@
 //! Anyone else gets 42501.
 
 mod command;
+mod explain_cache;
 mod show_cache;
 mod show_clients;
 mod show_config;
@@ -189,6 +190,7 @@ fn answer(shared: &Shared, command: AdminCommand, out: &mut BytesMut) {
         AdminCommand::ShowVersion => show_help::show_version(),
         AdminCommand::ShowHelp => show_help::show_help(),
         AdminCommand::ShowCache => show_cache::show_cache(shared),
+        AdminCommand::ExplainCache(sql) => explain_cache::explain_cache(shared, &sql),
         AdminCommand::ShowQueries => show_cache::show_queries(shared),
         AdminCommand::ShowTables => show_cache::show_tables(shared),
         AdminCommand::CachePurge(table) => {

@@ -100,6 +100,14 @@ impl Contexts {
     }
 }
 
+impl Contexts {
+    /// The context with this id, if it is known.
+    pub fn by_id(&self, id: u64) -> Option<Arc<Context>> {
+        let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        known.values().find(|c| c.id == id).cloned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,6 +62,21 @@ impl DatabaseCache {
         plans.insert(key, plan);
     }
 
+    /// The memoized plans of a shape, per session context id (for `EXPLAIN CACHE`).
+    pub fn plans_for_shape(&self, hints: &str, shape: &str) -> Vec<(u64, Arc<Plan>)> {
+        let suffix = format!("\0{hints}\0{shape}");
+        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<(u64, Arc<Plan>)> = plans
+            .iter()
+            .filter_map(|(k, p)| {
+                let ctx = k.strip_suffix(&suffix)?;
+                Some((ctx.parse().ok()?, Arc::clone(p)))
+            })
+            .collect();
+        v.sort_by_key(|(ctx, _)| *ctx);
+        v
+    }
+
     /// Drops every memoized plan (after DDL: names may now mean other relations, functions
     /// other volatilities).
     pub fn forget_plans(&self) {

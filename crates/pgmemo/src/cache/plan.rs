@@ -376,6 +376,8 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
             }
         }
         k if is_dml(k) => e.merge(&dml_effects(s, inputs)),
+        // Reorder or rebuild storage without changing any row.
+        StatementKind::Other(node) if node == "ClusterStmt" || node == "ReindexStmt" => {}
         StatementKind::Ddl => {
             e.database_wide = true;
             e.ddl = true;

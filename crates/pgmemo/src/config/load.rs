@@ -48,6 +48,8 @@ const KEYS: &[&str] = &[
     "cache_ttl",
     "cache_exclude_tables",
     "cache_include_tables",
+    "cache_table_ttl",
+    "metrics_listen",
 ];
 
 /// Smallest `max_message_size` that still fits a startup packet and ordinary queries.
@@ -287,6 +289,12 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             config.max_message_size
         ),
     );
+    if let Some(metrics) = config.metrics_listen {
+        require(
+            metrics != config.listen || metrics.port() == 0,
+            format!("metrics_listen {metrics} must differ from listen"),
+        );
+    }
     match (&config.tls_cert_file, &config.tls_key_file) {
         (Some(_), None) => require(false, "tls_cert_file is set but tls_key_file is not".into()),
         (None, Some(_)) => require(false, "tls_key_file is set but tls_cert_file is not".into()),
@@ -567,6 +575,19 @@ mod tests {
     }
 
     #[test]
+    fn metrics_listen_loads_and_must_not_take_the_client_port() {
+        let env = [("PGMEMO_METRICS_LISTEN", "127.0.0.1:9187")];
+        let c = load(&sources(None, &env, "")).unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9187".parse().unwrap()));
+        let clash = sources(None, &env, "listen = \"127.0.0.1:9187\"");
+        let err = load(&clash).unwrap_err().to_string();
+        assert!(
+            err.contains("metrics_listen 127.0.0.1:9187 must differ"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn validation_accepts_existing_files() {
         let users = file_with("\"alice\" \"secret\"\n");
         let cert = file_with("cert");
@@ -609,6 +630,9 @@ mod tests {
         };
         c.databases.insert("app".into(), db);
         c.cache_exclude_tables = vec!["audit.log".into()];
+        c.cache_table_ttl
+            .insert("public.rates".into(), Seconds(Duration::from_secs(5)));
+        c.metrics_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9187)));
         c
     }
 

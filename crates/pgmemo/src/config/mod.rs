@@ -185,6 +185,12 @@ pub struct Config {
     pub cache_exclude_tables: Vec<String>,
     /// When non-empty, only results reading these tables (and no others) are cached. Runtime.
     pub cache_include_tables: Vec<String>,
+    /// TTL per table (`"schema.table"` or `"table"`): results reading it expire after this
+    /// long. Runtime.
+    pub cache_table_ttl: BTreeMap<String, Seconds>,
+    /// Where the Prometheus endpoint (`GET /metrics`) listens; unset means no endpoint, so
+    /// nothing is exposed unless an operator asks for it. Restart.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -220,6 +226,8 @@ impl Default for Config {
             cache_ttl: Seconds(Duration::ZERO),
             cache_exclude_tables: Vec::new(),
             cache_include_tables: Vec::new(),
+            cache_table_ttl: BTreeMap::new(),
+            metrics_listen: None,
         }
     }
 }
@@ -249,6 +257,22 @@ impl Config {
         self.cache_exclude_tables.iter().any(matches)
             || (!self.cache_include_tables.is_empty()
                 && !self.cache_include_tables.iter().any(matches))
+    }
+
+    /// The shortest `cache_table_ttl` among tables given as `schema.table`.
+    pub fn table_ttl<'a>(&self, tables: impl Iterator<Item = &'a str>) -> Option<Duration> {
+        if self.cache_table_ttl.is_empty() {
+            return None;
+        }
+        tables
+            .filter_map(|full| {
+                let short = full.split_once('.').map_or(full, |(_, t)| t);
+                self.cache_table_ttl
+                    .get(full)
+                    .or_else(|| self.cache_table_ttl.get(short))
+            })
+            .map(|s| s.0)
+            .min()
     }
 
     /// The configuration as TOML with passwords masked: what `pgmemo --check` prints, safe to
@@ -297,6 +321,31 @@ mod tests {
                 "documented example is invalid: {p}"
             );
         }
+    }
+
+    #[test]
+    fn table_ttl_takes_the_shortest_match() {
+        let mut c = Config::default();
+        assert_eq!(c.table_ttl(["public.a"].into_iter()), None);
+        c.cache_table_ttl
+            .insert("public.a".into(), Seconds(Duration::from_secs(30)));
+        c.cache_table_ttl
+            .insert("b".into(), Seconds(Duration::from_secs(5)));
+        assert_eq!(
+            c.table_ttl(["public.a", "s.b"].into_iter()),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            c.table_ttl(["public.a"].into_iter()),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(c.table_ttl(["other.a"].into_iter()), None);
+        assert!(!c.table_excluded("s", "x"));
+        c.cache_exclude_tables = vec!["s.x".into()];
+        assert!(c.table_excluded("s", "x"));
+        c.cache_include_tables = vec!["y".into()];
+        assert!(c.table_excluded("public", "z"));
+        assert!(!c.table_excluded("public", "y"));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The listening socket, the accept loop and the handle the binary and the tests hold.
+//! The listening sockets (clients, and metrics when `metrics_listen` is set), the accept loop
+//! and the handle the binary and the tests hold.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +18,11 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    MetricsListen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("invalid configuration: {0}")]
     Config(String),
 }
@@ -29,29 +35,50 @@ pub struct PgmemoHandle {
     local_addr: SocketAddr,
     shared: Arc<Shared>,
     accept_task: tokio::task::JoinHandle<()>,
+    /// The metrics endpoint's bound address and server task, when `metrics_listen` is set.
+    metrics: Option<(SocketAddr, tokio::task::JoinHandle<()>)>,
 }
 
 impl Pgmemo {
-    /// Binds the listener and starts accepting clients. `config.listen` may use port 0; the
-    /// bound address is [`PgmemoHandle::local_addr`].
+    /// Binds the listeners and starts accepting clients (and scrapers, with
+    /// `metrics_listen`). Both addresses may use port 0; the bound ones are
+    /// [`PgmemoHandle::local_addr`] and [`PgmemoHandle::metrics_addr`].
     pub async fn start(config: Config) -> Result<PgmemoHandle, StartError> {
         let shared = Shared::new(config).map_err(StartError::Config)?;
         let addr = shared.config().listen;
-        let listener = TcpListener::bind(addr)
+        let (listener, local_addr) = bind(addr)
             .await
             .map_err(|source| StartError::Listen { addr, source })?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|source| StartError::Listen { addr, source })?;
+        let metrics_listener = match shared.config().metrics_listen {
+            Some(addr) => Some(
+                bind(addr)
+                    .await
+                    .map_err(|source| StartError::MetricsListen { addr, source })?,
+            ),
+            None => None,
+        };
         tracing::info!(%local_addr, upstream = %shared.config().upstream.redacted(), "pgmemo listening");
         let accept_task = tokio::spawn(accept_loop(listener, shared.clone()));
+        let metrics = metrics_listener.map(|(listener, addr)| {
+            tracing::info!(%addr, "metrics at http://{addr}/metrics");
+            let task = tokio::spawn(crate::metrics::serve(listener, shared.clone()));
+            (addr, task)
+        });
         tokio::spawn(janitor(shared.clone()));
         Ok(PgmemoHandle {
             local_addr,
             shared,
             accept_task,
+            metrics,
         })
     }
+}
+
+/// A listener on `addr` and the address it got (the real port when `addr` asks for port 0).
+async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local_addr = listener.local_addr()?;
+    Ok((listener, local_addr))
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
@@ -98,6 +125,11 @@ impl PgmemoHandle {
         self.local_addr
     }
 
+    /// Where the Prometheus endpoint listens, if `metrics_listen` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|(addr, _)| *addr)
+    }
+
     /// The shared state, for tests and the admin console.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
@@ -120,6 +152,9 @@ impl PgmemoHandle {
         let shared = self.shared;
         shared.stop_accepting.cancel();
         let _ = self.accept_task.await;
+        if let Some((_, metrics_task)) = self.metrics {
+            let _ = metrics_task.await;
+        }
         shared.sessions.close();
         let timeout = shared.config().shutdown_timeout.0;
         if tokio::time::timeout(timeout, shared.sessions.wait())

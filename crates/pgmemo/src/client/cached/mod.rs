@@ -60,6 +60,10 @@ pub(crate) struct Directive {
     pub seq: u64,
     pub action: Action,
     pub effects: Effects,
+    /// The response starts with a ParseComplete the client must not see: pgmemo sent a Parse
+    /// of the unnamed statement that the client had sent earlier in a batch answered from the
+    /// cache (the server never got it then).
+    pub swallow_parse_complete: bool,
 }
 
 /// What the two pumps share beyond [`RelayState`]. Both run in one task, so the mutex is never

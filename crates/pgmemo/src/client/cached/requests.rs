@@ -26,6 +26,11 @@ use crate::shared::Shared;
 /// running it itself.
 const FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// BindComplete, as a hit answers a Bind.
+const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
+/// ParseComplete and BindComplete, as a hit answers a Parse and a Bind.
+const PARSE_AND_BIND_COMPLETE: &[u8] = b"1\0\0\0\x042\0\0\0\x04";
+
 /// A batch held back to be routed as a whole is at most this large.
 const MAX_BATCH: usize = 1 << 20;
 
@@ -141,6 +146,12 @@ impl Requests<'_> {
                     }
                 }
                 let frame = self.buf.split_to(len).freeze();
+                let whole = 0..frame.len();
+                if let Some(parse) = self.unnamed_restore(&frame, std::slice::from_ref(&whole)) {
+                    // Its ParseComplete comes with the response to the next Sync.
+                    self.session.swallow_next_parse_complete = true;
+                    send(server, &parse).await?;
+                }
                 self.extended_passthrough(&frame, pump);
                 if tag == b'S' {
                     self.request_sent(std::mem::take(&mut pump.batch_effects), Action::Forward);
@@ -188,14 +199,23 @@ impl Requests<'_> {
     }
 
     /// Notes a request that a ReadyForQuery will answer, with its directive.
-    fn request_sent(&self, effects: Effects, action: Action) {
+    fn request_sent(&mut self, effects: Effects, action: Action) {
         let seq = self.link.sent.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(seq, ?effects, "request sent");
-        if !effects.is_empty() || !matches!(action, Action::Forward) {
+        let swallow = std::mem::take(&mut self.session.swallow_next_parse_complete);
+        if swallow {
             self.link.push(Directive {
                 seq,
                 action,
                 effects,
+                swallow_parse_complete: true,
+            });
+        } else if !effects.is_empty() || !matches!(action, Action::Forward) {
+            self.link.push(Directive {
+                seq,
+                action,
+                effects,
+                swallow_parse_complete: false,
             });
         }
         self.st.pending.fetch_add(1, Ordering::Relaxed);
@@ -278,7 +298,7 @@ impl Requests<'_> {
         &mut self,
         client: &tokio::sync::Mutex<CW>,
         status: TransactionStatus,
-        bind_complete: bool,
+        prefix: &[u8],
         describe: bool,
     ) -> Result<bool, PumpError> {
         let cache = &self.shared.cache;
@@ -290,9 +310,7 @@ impl Requests<'_> {
         }
         let out = &mut self.session.out;
         out.clear();
-        if bind_complete {
-            out.extend_from_slice(b"2\0\0\0\x04");
-        }
+        out.extend_from_slice(prefix);
         if let Some(d) = entry.description.as_ref().filter(|_| describe) {
             out.extend_from_slice(d);
         }
@@ -347,7 +365,7 @@ impl Requests<'_> {
         };
         if usable.is_ok() && self.session.start_key(b'Q').is_some() {
             self.session.key.extend_from_slice(text);
-            if self.try_hit(client, status, false, true).await? {
+            if self.try_hit(client, status, b"", true).await? {
                 return Ok(());
             }
         }
@@ -358,7 +376,7 @@ impl Requests<'_> {
         let refusal = refusal(&plan, usable, time_literal);
         let action = match refusal {
             Ok(()) => match self.capture(&plan, b'Q', text.as_bytes(), None) {
-                Some(c) => match self.single_flight(c, client, status, false, true).await? {
+                Some(c) => match self.single_flight(c, client, status, b"", true).await? {
                     Some(c) => Action::Capture(c),
                     None => return Ok(()),
                 },
@@ -397,9 +415,12 @@ impl Requests<'_> {
             self.session.key.extend_from_slice(t);
         }
         let config = self.shared.config();
-        let ttl = read.ttl.or_else(|| {
-            let t = config.cache_ttl.0;
-            (!t.is_zero()).then_some(t)
+        let global = Some(config.cache_ttl.0).filter(|t| !t.is_zero());
+        let table = config.table_ttl(read.tables.iter().map(|(_, name)| name.as_str()));
+        // The hint wins; otherwise the shortest of the table and global TTLs.
+        let ttl = read.ttl.or(match (table, global) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         });
         Some(Box::new(Capture {
             key: self.session.key.clone().into_boxed_slice(),
@@ -419,7 +440,7 @@ impl Requests<'_> {
         mut capture: Box<Capture>,
         client: &tokio::sync::Mutex<CW>,
         status: TransactionStatus,
-        extended: bool,
+        prefix: &[u8],
         describe: bool,
     ) -> Result<Option<Box<Capture>>, PumpError> {
         match self.shared.cache.flights.join(&capture.key) {
@@ -436,7 +457,7 @@ impl Requests<'_> {
                     .fetch_add(1, Ordering::Relaxed);
                 self.session.key.clear();
                 self.session.key.extend_from_slice(&capture.key);
-                if self.try_hit(client, status, extended, describe).await? {
+                if self.try_hit(client, status, prefix, describe).await? {
                     return Ok(None);
                 }
                 Ok(Some(capture))
@@ -689,10 +710,26 @@ impl Requests<'_> {
         let frames = split_frames(&bytes);
         let shape = cacheable_shape(&bytes, &frames);
         let usable = self.usable(status);
-        // Hit: Bind [Describe] Execute Sync on a statement prepared earlier.
+        // Hit: Bind [Describe] Execute Sync on a statement prepared earlier, or the same after
+        // a Parse of the unnamed statement (which the server then gets only when needed).
         if let (Some(s), Ok(())) = (&shape, usable) {
-            if !s.parse {
-                let bind = &bytes[frames[0].clone()];
+            let unnamed_parse = s.parse && {
+                let p = &bytes[frames[0].clone()];
+                parse_message(&p[5..]).is_some_and(|m| m.name.is_empty())
+            };
+            if !s.parse || unnamed_parse {
+                if unnamed_parse {
+                    let p = bytes.slice(frames[0].clone());
+                    if let Some(m) = parse_message(&p[5..]) {
+                        self.session.parsed(Bytes::new(), m.text, m.param_types);
+                    }
+                }
+                let prefix: &[u8] = if unnamed_parse {
+                    PARSE_AND_BIND_COMPLETE
+                } else {
+                    BIND_COMPLETE
+                };
+                let bind = &bytes[frames[usize::from(unnamed_parse)].clone()];
                 if let Some(b) = bind_message(&bind[5..]) {
                     let identity = self
                         .session
@@ -703,7 +740,11 @@ impl Requests<'_> {
                         if self.session.start_key(b'E').is_some() {
                             self.session.key.extend_from_slice(&identity);
                             self.session.key.extend_from_slice(b.tail);
-                            if self.try_hit(client, status, true, s.describe).await? {
+                            if self.try_hit(client, status, prefix, s.describe).await? {
+                                if unnamed_parse {
+                                    self.session.unnamed_behind =
+                                        Some(bytes.slice(frames[0].clone()));
+                                }
                                 return Ok(());
                             }
                         }
@@ -795,7 +836,7 @@ impl Requests<'_> {
             Some(c) if shape.as_ref().is_some_and(|s| !s.parse) => {
                 let describe = shape.as_ref().is_some_and(|s| s.describe);
                 match self
-                    .single_flight(c, client, status, true, describe)
+                    .single_flight(c, client, status, BIND_COMPLETE, describe)
                     .await?
                 {
                     Some(c) => Action::Capture(c),
@@ -814,8 +855,38 @@ impl Requests<'_> {
                 .fetch_add(1, Ordering::Relaxed);
             c.query.miss(None);
         }
+        if let Some(parse) = self.unnamed_restore(&bytes, &frames) {
+            self.session.swallow_next_parse_complete = true;
+            send(server, &parse).await?;
+        }
         self.request_sent(effects, action);
         send(server, &bytes).await
+    }
+
+    /// When the server's unnamed statement is behind the client's and `frames` use it before
+    /// parsing a new one, the Parse to send first. Forgets the lag either way once `frames`
+    /// settle it.
+    fn unnamed_restore(
+        &mut self,
+        bytes: &[u8],
+        frames: &[std::ops::Range<usize>],
+    ) -> Option<Bytes> {
+        self.session.unnamed_behind.as_ref()?;
+        for r in frames {
+            let body = &bytes[r.start + 5..r.end];
+            match bytes[r.start] {
+                b'P' if parse_message(body).is_some_and(|m| m.name.is_empty()) => {
+                    self.session.unnamed_behind = None;
+                    return None;
+                }
+                b'B' if bind_message(body).is_some_and(|b| b.statement.is_empty()) => {
+                    return self.session.unnamed_behind.take();
+                }
+                b'D' | b'C' if body == b"S\0" => return self.session.unnamed_behind.take(),
+                _ => {}
+            }
+        }
+        None
     }
 }
 

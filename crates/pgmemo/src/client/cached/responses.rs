@@ -75,6 +75,7 @@ struct InFlight {
     filling: Option<Filling>,
     internal_rows: Vec<Row>,
     error: bool,
+    swallowed: bool,
 }
 
 /// Runs the server pump until the server closes or fails.
@@ -136,7 +137,13 @@ where
                     }
                 }
                 let capturing = flight.filling.as_ref().is_some_and(|f| f.ok);
-                let need_whole = tag == b'Z' || tag == b'E' || internal || capturing;
+                let swallow = tag == b'1'
+                    && !flight.swallowed
+                    && flight
+                        .directive
+                        .as_ref()
+                        .is_some_and(|d| d.swallow_parse_complete);
+                let need_whole = tag == b'Z' || tag == b'E' || internal || capturing || swallow;
                 let available = buf.len() - pos;
                 if available < len {
                     if need_whole {
@@ -174,6 +181,13 @@ where
                         }
                         _ => {}
                     }
+                    pos += len;
+                    continue;
+                }
+                if swallow {
+                    write(&mut *writer, &buf[fwd_start..pos]).await?;
+                    fwd_start = pos + len;
+                    flight.swallowed = true;
                     pos += len;
                     continue;
                 }
@@ -227,6 +241,7 @@ fn start_filling(flight: &mut InFlight, d: Directive) {
         seq,
         action,
         effects,
+        swallow_parse_complete,
     } = d;
     if let Action::Capture(capture) = action {
         flight.filling = Some(Filling {
@@ -241,6 +256,7 @@ fn start_filling(flight: &mut InFlight, d: Directive) {
         seq,
         action: Action::Forward,
         effects,
+        swallow_parse_complete,
     });
 }
 
@@ -290,6 +306,7 @@ fn finish(
     if let Some(f) = flight.filling.take() {
         let micros = f.capture.started.elapsed().as_micros() as u64;
         f.capture.query.timed(micros);
+        shared.upstream_time.observe(micros);
         if f.ok && !flight.error && f.completes == 1 {
             if f.capture.snapshot.is_fresh() {
                 let Filling {

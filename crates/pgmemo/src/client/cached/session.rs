@@ -32,6 +32,11 @@ pub struct CacheSession {
     pub statements: HashMap<Bytes, Statement>,
     /// The session's `SET pgmemo.cache` (on unless turned off).
     pub enabled: bool,
+    /// A Parse of the unnamed statement that the client sent in a batch answered from the
+    /// cache: the server's unnamed statement is an older one until pgmemo sends this.
+    pub unnamed_behind: Option<Bytes>,
+    /// The next request's response starts with a ParseComplete pgmemo caused.
+    pub swallow_next_parse_complete: bool,
     /// Reused for keys.
     pub key: Vec<u8>,
     /// Reused for hit responses.
@@ -46,6 +51,8 @@ impl CacheSession {
             context: None,
             statements: HashMap::new(),
             enabled: true,
+            unnamed_behind: None,
+            swallow_next_parse_complete: false,
             key: Vec::with_capacity(256),
             out: Vec::with_capacity(1024),
         }
