@@ -262,6 +262,42 @@ async fn roles_search_paths_and_time_zones_never_share_a_result() {
         assert_eq!(first(&s2, "SELECT w FROM x").await.as_deref(), Some("in b"));
     }
 
+    // A SET inside a transaction: the session's names resolve differently until it ends,
+    // and nothing learnt meanwhile may leak to sessions with the old settings.
+    let s3 = memo.client("reader", "postgres").await;
+    s3.batch_execute("SET search_path = a").await.unwrap();
+    assert_eq!(first(&s3, "SELECT w FROM x").await.as_deref(), Some("in a"));
+    s3.batch_execute("BEGIN; SET LOCAL search_path = b")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&s3, "SELECT w FROM x WHERE true").await.as_deref(),
+        Some("in b")
+    );
+    assert_eq!(
+        first(&s1, "SELECT w FROM x WHERE true").await.as_deref(),
+        Some("in a")
+    );
+    s3.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        first(&s3, "SELECT w FROM x WHERE true").await.as_deref(),
+        Some("in a")
+    );
+    // s1's cached result depends on a.x (not on what s3 resolved): a write to a.x ends it.
+    assert_eq!(
+        first(&s1, "SELECT w FROM x WHERE true").await.as_deref(),
+        Some("in a")
+    );
+    let admin = memo.client("postgres", "postgres").await;
+    admin
+        .batch_execute("UPDATE a.x SET w = 'in a!'")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&s1, "SELECT w FROM x WHERE true").await.as_deref(),
+        Some("in a!")
+    );
+
     let z1 = memo.client("reader", "postgres").await;
     let z2 = memo.client("reader", "postgres").await;
     z1.batch_execute("SET TimeZone = 'UTC'").await.unwrap();

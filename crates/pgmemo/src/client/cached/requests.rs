@@ -254,6 +254,14 @@ impl Requests<'_> {
         }
     }
 
+    /// The id of the session context when it is known to be current.
+    fn trusted_context_id(&self) -> Option<u64> {
+        if self.link.context_stale.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.session.context.as_ref().map(|c| c.id)
+    }
+
     /// Reads the session context again if it may have changed and the session is idle.
     async fn refresh_context<SW: AsyncWrite + Unpin>(
         &mut self,
@@ -487,11 +495,20 @@ impl Requests<'_> {
             .context
             .as_ref()
             .is_none_or(|c| c.standard_conforming_strings());
-        let ctx_id = self.session.context.as_ref().map_or(0, |c| c.id);
+        let ctx_id = self.trusted_context_id();
         let shape = sql::shape(text, scs);
-        let memo_key = format!("{ctx_id}\0{}\0{}", shape.hints.join(""), shape.text);
-        if let Some(p) = self.session.db.plan(&memo_key) {
-            return Ok((p, shape.time_literal));
+        let memo_key = format!(
+            "{}\0{}\0{}",
+            ctx_id.unwrap_or(0),
+            shape.hints.join(""),
+            shape.text
+        );
+        // Plans are memoized per context: names resolve by search_path. While the settings
+        // may have changed (a SET inside a transaction), nothing is memoized or reused.
+        if ctx_id.is_some() {
+            if let Some(p) = self.session.db.plan(&memo_key) {
+                return Ok((p, shape.time_literal));
+            }
         }
         let query = self.shared.cache.queries.get(shape.text.trim());
         let options = sql::ParseOptions {
@@ -501,7 +518,9 @@ impl Requests<'_> {
             Ok(a) => a,
             Err(_) => {
                 let p = Arc::new(plan::unparsable(query));
-                self.session.db.remember(memo_key, Arc::clone(&p));
+                if ctx_id.is_some() {
+                    self.session.db.remember(memo_key, Arc::clone(&p));
+                }
                 return Ok((p, shape.time_literal));
             }
         };
@@ -530,7 +549,7 @@ impl Requests<'_> {
             self.session.db.generations.attach(read);
         }
         let p = Arc::new(p);
-        if p.complete {
+        if p.complete && ctx_id.is_some() {
             self.session.db.remember(memo_key, Arc::clone(&p));
         }
         Ok((p, shape.time_literal))
@@ -767,11 +786,11 @@ impl Requests<'_> {
                 effects.merge(&self.effects_without_catalog(portal, pump));
                 continue;
             };
-            let ctx_id = self.session.context.as_ref().map_or(0, |c| c.id);
+            let ctx_id = self.trusted_context_id();
             let known = match self.session.statements.get(stmt_name.as_ref()) {
                 None => None,
                 Some(s) => match &s.plan {
-                    Some((id, p, t)) if *id == ctx_id && p.complete => {
+                    Some((id, p, t)) if Some(*id) == ctx_id && p.complete => {
                         Some(Ok((Arc::clone(p), *t)))
                     }
                     _ => Some(Err(s.text.clone())),
@@ -786,8 +805,10 @@ impl Requests<'_> {
                 Some(Ok(planned)) => planned,
                 Some(Err(text)) => {
                     let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
-                    if let Some(s) = self.session.statements.get_mut(stmt_name.as_ref()) {
-                        s.plan = Some((ctx_id, Arc::clone(&plan), time_literal));
+                    if let (Some(s), Some(id)) =
+                        (self.session.statements.get_mut(stmt_name.as_ref()), ctx_id)
+                    {
+                        s.plan = Some((id, Arc::clone(&plan), time_literal));
                     }
                     (plan, time_literal)
                 }
