@@ -120,6 +120,21 @@ impl BodyReader {
         Ok(self.data.get_u32())
     }
 
+    pub(crate) fn u64(&mut self) -> Result<u64, WireError> {
+        self.need(8)?;
+        Ok(self.data.get_u64())
+    }
+
+    pub(crate) fn i64(&mut self) -> Result<i64, WireError> {
+        self.need(8)?;
+        Ok(self.data.get_i64())
+    }
+
+    /// Everything left, without copying: the trailing `Byten` field of a message.
+    pub(crate) fn rest(&mut self) -> Bytes {
+        std::mem::take(&mut self.data)
+    }
+
     /// An element count. PostgreSQL reads these 16-bit fields as unsigned (`pq_getmsgint(m, 2)`),
     /// so up to 65535 parameters are valid.
     pub(crate) fn count(&mut self) -> Result<usize, WireError> {

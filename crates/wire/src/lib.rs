@@ -10,6 +10,7 @@ pub mod error;
 pub mod frame;
 pub mod frontend;
 pub mod md5;
+pub mod replication;
 pub mod scram;
 pub mod sqlstate;
 pub mod startup;

@@ -1,15 +1,17 @@
 //! Fuzz target: arbitrary client or server bytes through every decoder of `wire`.
 //!
 //! The bytes are split into frames the way the relay does it, and each frame is decoded as both
-//! a frontend and a backend message; the same bytes are also read as a startup packet. Nothing
-//! may panic, and a message that decodes strictly must re-encode to exactly the bytes received
+//! a frontend and a backend message, and CopyData bodies also as replication payloads (walsender
+//! messages, standby status updates, pgoutput messages); the same bytes are also read as a startup
+//! packet. Nothing may panic, and a message that decodes strictly must re-encode to exactly the bytes received
 //! (the property pgmemo relies on when it rewrites a message and forwards the rest untouched).
 #![no_main]
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use wire::backend::BackendMessage;
 use wire::frontend::FrontendMessage;
+use wire::replication::{LogicalMessage, StandbyStatusUpdate, WalSenderMessage};
 use wire::startup::StartupPacket;
 use wire::Frame;
 
@@ -27,6 +29,9 @@ fuzz_target!(|data: &[u8]| {
     let mut buf = BytesMut::from(data);
     while let Ok(Some(frame)) = Frame::decode(&mut buf, MAX_FRAME) {
         let raw = frame.raw().clone();
+        if frame.tag() == b'd' {
+            replication(frame.body_bytes(), &raw);
+        }
         if let Ok(msg) = FrontendMessage::decode(frame.clone()) {
             let mut out = BytesMut::new();
             msg.encode(&mut out);
@@ -41,3 +46,32 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// A CopyData body read as the replication sub-protocol. Walsender messages and status updates
+/// re-encode to the whole frame; pgoutput is tried both inside XLogData and on the body itself,
+/// so that the fuzzer reaches it without first finding the 25-byte XLogData header.
+fn replication(payload: Bytes, raw: &[u8]) {
+    if let Ok(msg) = WalSenderMessage::decode(payload.clone()) {
+        let mut out = BytesMut::new();
+        msg.encode(&mut out);
+        assert_eq!(&out[..], raw, "walsender re-encoding differs: {msg:?}");
+        if let WalSenderMessage::XLogData(x) = msg {
+            logical(x.data);
+        }
+    }
+    if let Ok(msg) = StandbyStatusUpdate::decode(payload.clone()) {
+        let mut out = BytesMut::new();
+        msg.encode(&mut out);
+        assert_eq!(&out[..], raw, "status update re-encoding differs: {msg:?}");
+    }
+    logical(payload);
+}
+
+/// A pgoutput message must re-encode to exactly the bytes it was decoded from.
+fn logical(data: Bytes) {
+    if let Ok(msg) = LogicalMessage::decode(data.clone()) {
+        let mut out = BytesMut::new();
+        msg.encode(&mut out);
+        assert_eq!(&out[..], &data[..], "pgoutput re-encoding differs: {msg:?}");
+    }
+}

@@ -9,6 +9,8 @@
 //! Responses come back in request order, so directives are matched to responses by sequence
 //! number: the n-th ReadyForQuery ends the n-th request.
 
+mod messages;
+mod planning;
 mod requests;
 mod responses;
 mod session;

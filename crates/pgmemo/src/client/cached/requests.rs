@@ -15,10 +15,14 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use wire::backend::TransactionStatus;
 use wire::FrameHeader;
 
+use super::messages::{
+    bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message, scan_batch,
+    session_switch, split_frames, Batch,
+};
 use super::{Action, CacheSession, Capture, Directive, Link};
-use crate::cache::catalog::{self, Facts};
+use crate::cache::catalog;
 use crate::cache::flight::{self, Flight};
-use crate::cache::plan::{self, Effects, Plan, Refusal, StatementChange};
+use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
 use crate::client::relay::{refill_position, PumpError, RelayState};
 use crate::shared::Shared;
 
@@ -31,9 +35,6 @@ const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
 /// ParseComplete and BindComplete, as a hit answers a Parse and a Bind.
 const PARSE_AND_BIND_COMPLETE: &[u8] = b"1\0\0\0\x042\0\0\0\x04";
 
-/// A batch held back to be routed as a whole is at most this large.
-const MAX_BATCH: usize = 1 << 20;
-
 /// What one routing step did.
 enum Step {
     Continue,
@@ -41,7 +42,7 @@ enum Step {
     Terminate,
 }
 
-pub(super) struct Requests<'a> {
+pub(crate) struct Requests<'a> {
     pub buf: &'a mut BytesMut,
     pub st: &'a RelayState,
     pub link: &'a Link,
@@ -255,7 +256,7 @@ impl Requests<'_> {
     }
 
     /// The id of the session context when it is known to be current.
-    fn trusted_context_id(&self) -> Option<u64> {
+    pub(super) fn trusted_context_id(&self) -> Option<u64> {
         if self.link.context_stale.load(Ordering::Relaxed) {
             return None;
         }
@@ -290,7 +291,7 @@ impl Requests<'_> {
     }
 
     /// Runs one of pgmemo's own queries on the session's server connection.
-    async fn ask<SW: AsyncWrite + Unpin>(
+    pub(super) async fn ask<SW: AsyncWrite + Unpin>(
         &mut self,
         server: &mut SW,
         sql: &str,
@@ -480,169 +481,6 @@ impl Requests<'_> {
                 StatementChange::ForgetAll => self.session.statements.clear(),
             }
         }
-    }
-
-    /// The plan of a statement text (memoized by shape), and whether the text holds a time
-    /// literal. Catalog lookups run only when `can_ask`.
-    async fn plan_for<SW: AsyncWrite + Unpin>(
-        &mut self,
-        text: &str,
-        can_ask: bool,
-        server: &mut SW,
-    ) -> Result<(Arc<Plan>, bool), PumpError> {
-        let scs = self
-            .session
-            .context
-            .as_ref()
-            .is_none_or(|c| c.standard_conforming_strings());
-        let ctx_id = self.trusted_context_id();
-        let shape = sql::shape(text, scs);
-        let memo_key = format!(
-            "{}\0{}\0{}",
-            ctx_id.unwrap_or(0),
-            shape.hints.join(""),
-            shape.text
-        );
-        // Plans are memoized per context: names resolve by search_path. While the settings
-        // may have changed (a SET inside a transaction), nothing is memoized or reused.
-        if ctx_id.is_some() {
-            if let Some(p) = self.session.db.plan(&memo_key) {
-                return Ok((p, shape.time_literal));
-            }
-        }
-        let query = self.shared.cache.queries.get(shape.text.trim());
-        let options = sql::ParseOptions {
-            standard_conforming_strings: scs,
-        };
-        let analysis = match sql::analyze_with(text, options) {
-            Ok(a) => a,
-            Err(_) => {
-                let p = Arc::new(plan::unparsable(query));
-                if ctx_id.is_some() {
-                    self.session.db.remember(memo_key, Arc::clone(&p));
-                }
-                return Ok((p, shape.time_literal));
-            }
-        };
-        let (rels, fns) = plan::names_to_look_up(&analysis.statements);
-        let mut facts: Option<Facts> = None;
-        let mut view_volatility = None;
-        if plan::needs_catalog(&analysis.statements) && can_ask {
-            facts = self.look_up(server, &rels, &fns).await?;
-            if let Some(f) = &facts {
-                view_volatility = self.view_function_volatility(server, f).await?;
-            }
-        }
-        let hints = plan::hints(&shape.hints);
-        let config = self.shared.config();
-        let excluded = |schema: &str, table: &str| config.table_excluded(schema, table);
-        let inputs = plan::Inputs {
-            facts: facts.as_ref(),
-            relation_names: &rels,
-            function_names: &fns,
-            view_function_volatility: view_volatility,
-            hints: &hints,
-            excluded: &excluded,
-        };
-        let mut p = plan::decide(&analysis.statements, &inputs, query);
-        if let Ok(read) = p.read.as_mut() {
-            self.session.db.generations.attach(read);
-        }
-        let p = Arc::new(p);
-        if p.complete && ctx_id.is_some() {
-            self.session.db.remember(memo_key, Arc::clone(&p));
-        }
-        Ok((p, shape.time_literal))
-    }
-
-    async fn look_up<SW: AsyncWrite + Unpin>(
-        &mut self,
-        server: &mut SW,
-        rels: &[(Option<String>, String)],
-        fns: &[(Option<String>, String)],
-    ) -> Result<Option<Facts>, PumpError> {
-        let names =
-            |v: &[(Option<String>, String)]| -> Vec<(Option<String>, String)> { v.to_vec() };
-        let rels = names(rels);
-        let fns = names(fns);
-        let r: Vec<catalog::Name<'_>> = rels
-            .iter()
-            .map(|(s, n)| (s.as_deref(), n.as_str()))
-            .collect();
-        let f: Vec<catalog::Name<'_>> = fns
-            .iter()
-            .map(|(s, n)| (s.as_deref(), n.as_str()))
-            .collect();
-        let Ok(sql) = catalog::lookup_query(&r, &f) else {
-            return Ok(None);
-        };
-        self.shared
-            .cache
-            .stats
-            .catalog_lookups
-            .fetch_add(1, Ordering::Relaxed);
-        let rows = self.ask(server, &sql).await?;
-        Ok(rows.and_then(|rows| catalog::parse_facts(&rows).ok()))
-    }
-
-    /// The worst volatility of the functions the views among `facts` call: `b'?'` when one
-    /// cannot be resolved, `None` when no view is involved.
-    async fn view_function_volatility<SW: AsyncWrite + Unpin>(
-        &mut self,
-        server: &mut SW,
-        facts: &Facts,
-    ) -> Result<Option<u8>, PumpError> {
-        let mut fns: Vec<(Option<String>, String)> = Vec::new();
-        let mut any_view = false;
-        for def in facts
-            .relations
-            .iter()
-            .filter_map(|r| r.view_definition.as_deref())
-        {
-            any_view = true;
-            match sql::analyze(def) {
-                Ok(a) => {
-                    if a.statements
-                        .iter()
-                        .any(|s| s.sql_value_functions.iter().any(|f| f.is_time()))
-                    {
-                        return Ok(Some(b'v'));
-                    }
-                    let (_, f) = plan::names_to_look_up(&a.statements);
-                    fns.extend(f);
-                }
-                Err(_) => return Ok(Some(b'?')),
-            }
-        }
-        if !any_view {
-            return Ok(None);
-        }
-        if fns.is_empty() {
-            return Ok(Some(b'i'));
-        }
-        fns.sort();
-        fns.dedup();
-        let Some(f) = self.look_up(server, &[], &fns).await? else {
-            return Ok(Some(b'?'));
-        };
-        let mut worst = b'i';
-        for i in 0..fns.len() {
-            let found: Vec<u8> = f
-                .functions
-                .iter()
-                .filter(|p| p.name_index == i)
-                .map(|p| p.volatility)
-                .collect();
-            if found.is_empty() {
-                return Ok(Some(b'?'));
-            }
-            for v in found {
-                if v == b'v' || (v == b's' && worst == b'i') {
-                    worst = v;
-                }
-            }
-        }
-        Ok(Some(worst))
     }
 
     /// Tracks one extended-protocol message forwarded as it is.
@@ -925,222 +763,4 @@ fn refusal(plan: &Plan, usable: Result<(), Refusal>, time_literal: bool) -> Resu
 async fn send<W: AsyncWrite + Unpin>(server: &mut W, bytes: &[u8]) -> Result<(), PumpError> {
     server.write_all(bytes).await.map_err(PumpError::Server)?;
     server.flush().await.map_err(PumpError::Server)
-}
-
-/// `SET [SESSION] pgmemo.cache {=|TO} {on|off|default}` (and `RESET pgmemo.cache`): the
-/// session's own cache switch, answered by pgmemo.
-fn session_switch(text: &[u8]) -> Option<bool> {
-    let text = std::str::from_utf8(text)
-        .ok()?
-        .trim()
-        .trim_end_matches(';')
-        .to_ascii_lowercase();
-    let text = text.replace('=', " = ");
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let words: Vec<&str> = match words.as_slice() {
-        ["set", "session", rest @ ..] => {
-            std::iter::once("set").chain(rest.iter().copied()).collect()
-        }
-        _ => words,
-    };
-    match words.as_slice() {
-        ["set", "pgmemo.cache", "=" | "to", value] => match value.trim_matches('\'') {
-            "on" | "true" | "default" => Some(true),
-            "off" | "false" => Some(false),
-            _ => None,
-        },
-        ["reset", "pgmemo.cache"] => Some(true),
-        _ => None,
-    }
-}
-
-enum Batch {
-    /// The batch up to and including its Sync is this many bytes.
-    Complete(usize),
-    /// More bytes are needed to see the whole batch.
-    Incomplete,
-    /// Not a batch pgmemo holds back (a Flush, a Query, too large).
-    Other,
-}
-
-fn scan_batch(buf: &[u8], max: usize) -> Batch {
-    let mut pos = 0;
-    loop {
-        let Ok(Some(h)) = FrameHeader::peek(&buf[pos..], max) else {
-            return if pos < MAX_BATCH {
-                Batch::Incomplete
-            } else {
-                Batch::Other
-            };
-        };
-        if !matches!(h.tag, b'P' | b'B' | b'D' | b'E' | b'C' | b'S') {
-            return Batch::Other;
-        }
-        if buf.len() - pos < h.frame_len {
-            return if pos + h.frame_len <= MAX_BATCH {
-                Batch::Incomplete
-            } else {
-                Batch::Other
-            };
-        }
-        pos += h.frame_len;
-        if h.tag == b'S' {
-            return Batch::Complete(pos);
-        }
-    }
-}
-
-fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
-    let mut v = Vec::new();
-    let mut pos = 0;
-    while let Ok(Some(h)) = FrameHeader::peek(&bytes[pos..], usize::MAX) {
-        if bytes.len() - pos < h.frame_len {
-            break;
-        }
-        v.push(pos..pos + h.frame_len);
-        pos += h.frame_len;
-    }
-    v
-}
-
-/// The one batch form whose result pgmemo caches.
-struct BatchShape {
-    parse: bool,
-    describe: bool,
-}
-
-/// `[Parse] Bind("" portal) [Describe(portal "")] Execute("", 0 rows) Sync`.
-fn cacheable_shape(bytes: &[u8], frames: &[std::ops::Range<usize>]) -> Option<BatchShape> {
-    let tags: Vec<u8> = frames.iter().map(|r| bytes[r.start]).collect();
-    let body = |i: usize| &bytes[frames[i].start + 5..frames[i].end];
-    let (parse, rest) = match tags.first() {
-        Some(b'P') => (true, 1),
-        _ => (false, 0),
-    };
-    let describe = match &tags[rest..] {
-        [b'B', b'E', b'S'] => false,
-        [b'B', b'D', b'E', b'S'] => true,
-        _ => return None,
-    };
-    let bind = bind_message(body(rest))?;
-    if !bind.portal.is_empty() {
-        return None;
-    }
-    if parse {
-        let p = parse_message(body(0))?;
-        if p.name != bind.statement {
-            return None;
-        }
-    }
-    if describe && body(rest + 1) != b"P\0" {
-        return None;
-    }
-    let exec = body(rest + 1 + usize::from(describe));
-    if exec != b"\0\0\0\0\0" {
-        return None;
-    }
-    Some(BatchShape { parse, describe })
-}
-
-fn cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    let nul = b.iter().position(|&c| c == 0)?;
-    Some((&b[..nul], &b[nul + 1..]))
-}
-
-struct ParseMessage<'a> {
-    name: &'a [u8],
-    text: &'a [u8],
-    param_types: &'a [u8],
-}
-
-fn parse_message(body: &[u8]) -> Option<ParseMessage<'_>> {
-    let (name, rest) = cstr(body)?;
-    let (text, param_types) = cstr(rest)?;
-    Some(ParseMessage {
-        name,
-        text,
-        param_types,
-    })
-}
-
-struct BindMessage<'a> {
-    portal: &'a [u8],
-    statement: &'a [u8],
-    /// Parameter formats and values and result formats: the part of the key a Bind adds.
-    tail: &'a [u8],
-}
-
-fn bind_message(body: &[u8]) -> Option<BindMessage<'_>> {
-    let (portal, rest) = cstr(body)?;
-    let (statement, tail) = cstr(rest)?;
-    Some(BindMessage {
-        portal,
-        statement,
-        tail,
-    })
-}
-
-/// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
-/// date or time parameter reads as the clock.
-fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
-    let t = b.tail;
-    let read_i16 =
-        |at: usize| -> Option<i16> { Some(i16::from_be_bytes([*t.get(at)?, *t.get(at + 1)?])) };
-    let Some(nfmt) = read_i16(0) else { return true };
-    let nfmt = nfmt.max(0) as usize;
-    let formats: Vec<i16> = (0..nfmt).filter_map(|i| read_i16(2 + 2 * i)).collect();
-    let mut pos = 2 + 2 * nfmt;
-    let Some(nparams) = read_i16(pos) else {
-        return true;
-    };
-    pos += 2;
-    for i in 0..nparams.max(0) as usize {
-        let Some(len) = t
-            .get(pos..pos + 4)
-            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-        else {
-            return true;
-        };
-        pos += 4;
-        if len < 0 {
-            continue;
-        }
-        let len = len as usize;
-        let Some(value) = t.get(pos..pos + len) else {
-            return true;
-        };
-        pos += len;
-        let format = match formats.len() {
-            0 => 0,
-            1 => formats[0],
-            _ => formats.get(i).copied().unwrap_or(0),
-        };
-        if format == 0 && len <= 16 {
-            let v = String::from_utf8_lossy(value).trim().to_ascii_lowercase();
-            if ["now", "today", "tomorrow", "yesterday"]
-                .iter()
-                .any(|w| v.starts_with(w))
-            {
-                return true;
-            }
-        }
-    }
-    false
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn session_switch_forms() {
-        assert_eq!(session_switch(b"SET pgmemo.cache = off"), Some(false));
-        assert_eq!(
-            session_switch(b"set session pgmemo.cache to 'on';"),
-            Some(true)
-        );
-        assert_eq!(session_switch(b"set pgmemo.cache=off"), Some(false));
-        assert_eq!(session_switch(b"RESET pgmemo.cache"), Some(true));
-        assert_eq!(session_switch(b"set search_path = x"), None);
-    }
 }

@@ -1,0 +1,308 @@
+//! Reading the extended-protocol messages a caching session routes: just enough of Parse, Bind,
+//! Describe and Execute to recognise the one batch form whose result pgmemo caches, to key it,
+//! and to find the pieces (statement names, parameter values) that routing needs. Also the
+//! session's own `SET pgmemo.cache` switch.
+
+use wire::FrameHeader;
+
+/// A batch held back to be routed as a whole is at most this large.
+const MAX_BATCH: usize = 1 << 20;
+
+/// `SET [SESSION] pgmemo.cache {=|TO} {on|off|default}` (and `RESET pgmemo.cache`): the
+/// session's own cache switch, answered by pgmemo.
+pub(super) fn session_switch(text: &[u8]) -> Option<bool> {
+    let text = std::str::from_utf8(text)
+        .ok()?
+        .trim()
+        .trim_end_matches(';')
+        .to_ascii_lowercase();
+    let text = text.replace('=', " = ");
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let words: Vec<&str> = match words.as_slice() {
+        ["set", "session", rest @ ..] => {
+            std::iter::once("set").chain(rest.iter().copied()).collect()
+        }
+        _ => words,
+    };
+    match words.as_slice() {
+        ["set", "pgmemo.cache", "=" | "to", value] => match value.trim_matches('\'') {
+            "on" | "true" | "default" => Some(true),
+            "off" | "false" => Some(false),
+            _ => None,
+        },
+        ["reset", "pgmemo.cache"] => Some(true),
+        _ => None,
+    }
+}
+
+pub(super) enum Batch {
+    /// The batch up to and including its Sync is this many bytes.
+    Complete(usize),
+    /// More bytes are needed to see the whole batch.
+    Incomplete,
+    /// Not a batch pgmemo holds back (a Flush, a Query, too large).
+    Other,
+}
+
+pub(super) fn scan_batch(buf: &[u8], max: usize) -> Batch {
+    let mut pos = 0;
+    loop {
+        let Ok(Some(h)) = FrameHeader::peek(&buf[pos..], max) else {
+            return if pos < MAX_BATCH {
+                Batch::Incomplete
+            } else {
+                Batch::Other
+            };
+        };
+        if !matches!(h.tag, b'P' | b'B' | b'D' | b'E' | b'C' | b'S') {
+            return Batch::Other;
+        }
+        if buf.len() - pos < h.frame_len {
+            return if pos + h.frame_len <= MAX_BATCH {
+                Batch::Incomplete
+            } else {
+                Batch::Other
+            };
+        }
+        pos += h.frame_len;
+        if h.tag == b'S' {
+            return Batch::Complete(pos);
+        }
+    }
+}
+
+pub(super) fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut v = Vec::new();
+    let mut pos = 0;
+    while let Ok(Some(h)) = FrameHeader::peek(&bytes[pos..], usize::MAX) {
+        if bytes.len() - pos < h.frame_len {
+            break;
+        }
+        v.push(pos..pos + h.frame_len);
+        pos += h.frame_len;
+    }
+    v
+}
+
+/// The one batch form whose result pgmemo caches.
+pub(super) struct BatchShape {
+    pub(super) parse: bool,
+    pub(super) describe: bool,
+}
+
+/// `[Parse] Bind("" portal) [Describe(portal "")] Execute("", 0 rows) Sync`.
+pub(super) fn cacheable_shape(
+    bytes: &[u8],
+    frames: &[std::ops::Range<usize>],
+) -> Option<BatchShape> {
+    let tags: Vec<u8> = frames.iter().map(|r| bytes[r.start]).collect();
+    let body = |i: usize| &bytes[frames[i].start + 5..frames[i].end];
+    let (parse, rest) = match tags.first() {
+        Some(b'P') => (true, 1),
+        _ => (false, 0),
+    };
+    let describe = match &tags[rest..] {
+        [b'B', b'E', b'S'] => false,
+        [b'B', b'D', b'E', b'S'] => true,
+        _ => return None,
+    };
+    let bind = bind_message(body(rest))?;
+    if !bind.portal.is_empty() {
+        return None;
+    }
+    if parse {
+        let p = parse_message(body(0))?;
+        if p.name != bind.statement {
+            return None;
+        }
+    }
+    if describe && body(rest + 1) != b"P\0" {
+        return None;
+    }
+    let exec = body(rest + 1 + usize::from(describe));
+    if exec != b"\0\0\0\0\0" {
+        return None;
+    }
+    Some(BatchShape { parse, describe })
+}
+
+pub(super) fn cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let nul = b.iter().position(|&c| c == 0)?;
+    Some((&b[..nul], &b[nul + 1..]))
+}
+
+pub(super) struct ParseMessage<'a> {
+    pub(super) name: &'a [u8],
+    pub(super) text: &'a [u8],
+    pub(super) param_types: &'a [u8],
+}
+
+pub(super) fn parse_message(body: &[u8]) -> Option<ParseMessage<'_>> {
+    let (name, rest) = cstr(body)?;
+    let (text, param_types) = cstr(rest)?;
+    Some(ParseMessage {
+        name,
+        text,
+        param_types,
+    })
+}
+
+pub(super) struct BindMessage<'a> {
+    pub(super) portal: &'a [u8],
+    pub(super) statement: &'a [u8],
+    /// Parameter formats and values and result formats: the part of the key a Bind adds.
+    pub(super) tail: &'a [u8],
+}
+
+pub(super) fn bind_message(body: &[u8]) -> Option<BindMessage<'_>> {
+    let (portal, rest) = cstr(body)?;
+    let (statement, tail) = cstr(rest)?;
+    Some(BindMessage {
+        portal,
+        statement,
+        tail,
+    })
+}
+
+/// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
+/// date or time parameter reads as the clock.
+pub(super) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
+    let t = b.tail;
+    let read_i16 =
+        |at: usize| -> Option<i16> { Some(i16::from_be_bytes([*t.get(at)?, *t.get(at + 1)?])) };
+    let Some(nfmt) = read_i16(0) else { return true };
+    let nfmt = nfmt.max(0) as usize;
+    let formats: Vec<i16> = (0..nfmt).filter_map(|i| read_i16(2 + 2 * i)).collect();
+    let mut pos = 2 + 2 * nfmt;
+    let Some(nparams) = read_i16(pos) else {
+        return true;
+    };
+    pos += 2;
+    for i in 0..nparams.max(0) as usize {
+        let Some(len) = t
+            .get(pos..pos + 4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        else {
+            return true;
+        };
+        pos += 4;
+        if len < 0 {
+            continue;
+        }
+        let len = len as usize;
+        let Some(value) = t.get(pos..pos + len) else {
+            return true;
+        };
+        pos += len;
+        let format = match formats.len() {
+            0 => 0,
+            1 => formats[0],
+            _ => formats.get(i).copied().unwrap_or(0),
+        };
+        if format == 0 && len <= 16 {
+            let v = String::from_utf8_lossy(value).trim().to_ascii_lowercase();
+            if ["now", "today", "tomorrow", "yesterday"]
+                .iter()
+                .any(|w| v.starts_with(w))
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_switch_forms() {
+        assert_eq!(session_switch(b"SET pgmemo.cache = off"), Some(false));
+        assert_eq!(
+            session_switch(b"set session pgmemo.cache to 'on';"),
+            Some(true)
+        );
+        assert_eq!(session_switch(b"set pgmemo.cache=off"), Some(false));
+        assert_eq!(session_switch(b"RESET pgmemo.cache"), Some(true));
+        assert_eq!(session_switch(b"set search_path = x"), None);
+    }
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    fn bind(stmt: &str, params: &[&str]) -> Vec<u8> {
+        let mut b = vec![0u8];
+        b.extend_from_slice(stmt.as_bytes());
+        b.push(0);
+        b.extend_from_slice(&0i16.to_be_bytes());
+        b.extend_from_slice(&(params.len() as i16).to_be_bytes());
+        for p in params {
+            b.extend_from_slice(&(p.len() as i32).to_be_bytes());
+            b.extend_from_slice(p.as_bytes());
+        }
+        b.extend_from_slice(&0i16.to_be_bytes());
+        msg(b'B', &b)
+    }
+
+    fn batch(parts: &[Vec<u8>]) -> (Vec<u8>, Vec<std::ops::Range<usize>>) {
+        let bytes = parts.concat();
+        let frames = split_frames(&bytes);
+        (bytes, frames)
+    }
+
+    #[test]
+    fn recognises_the_cacheable_batch_forms() {
+        let parse = msg(b'P', b"s1\0SELECT 1\0\0\0");
+        let exec = msg(b'E', b"\0\0\0\0\0");
+        let sync = msg(b'S', b"");
+        let describe = msg(b'D', b"P\0");
+        let (b, f) = batch(&[bind("s1", &[]), exec.clone(), sync.clone()]);
+        let shape = cacheable_shape(&b, &f).expect("Bind Execute Sync");
+        assert!(!shape.parse && !shape.describe);
+        let (b, f) = batch(&[
+            parse.clone(),
+            bind("s1", &[]),
+            describe.clone(),
+            exec.clone(),
+            sync.clone(),
+        ]);
+        let shape = cacheable_shape(&b, &f).expect("Parse Bind Describe Execute Sync");
+        assert!(shape.parse && shape.describe);
+        // Parse of another statement than the one bound, a row limit, two Executes: no.
+        let (b, f) = batch(&[parse, bind("s2", &[]), exec.clone(), sync.clone()]);
+        assert!(cacheable_shape(&b, &f).is_none());
+        let (b, f) = batch(&[bind("s1", &[]), msg(b'E', b"\0\0\0\0\x0a"), sync.clone()]);
+        assert!(cacheable_shape(&b, &f).is_none());
+        let (b, f) = batch(&[bind("s1", &[]), exec.clone(), exec, sync]);
+        assert!(cacheable_shape(&b, &f).is_none());
+    }
+
+    #[test]
+    fn batches_are_held_until_their_sync() {
+        let whole = [bind("", &[]), msg(b'E', b"\0\0\0\0\0"), msg(b'S', b"")].concat();
+        assert!(matches!(scan_batch(&whole, 1 << 20), Batch::Complete(n) if n == whole.len()));
+        assert!(matches!(
+            scan_batch(&whole[..whole.len() - 2], 1 << 20),
+            Batch::Incomplete
+        ));
+        let flushed = [bind("", &[]), msg(b'H', b"")].concat();
+        assert!(matches!(scan_batch(&flushed, 1 << 20), Batch::Other));
+    }
+
+    #[test]
+    fn time_words_in_text_parameters_are_found() {
+        let has = |params: &[&str]| {
+            let b = bind("", params);
+            bind_has_time_word(&bind_message(&b[5..]).unwrap())
+        };
+        assert!(has(&["1", "now"]));
+        assert!(has(&[" Today "]));
+        assert!(!has(&["1", "nowhere else at all"]));
+        assert!(!has(&["42"]));
+    }
+}
