@@ -13,6 +13,7 @@
 
 pub mod catalog;
 pub mod context;
+pub mod feed;
 pub mod flight;
 pub mod generation;
 pub mod plan;
@@ -38,8 +39,14 @@ pub struct DatabaseCache {
     pub id: u32,
     /// `host:port/dbname`, for the admin console.
     pub name: String,
+    /// Where the database lives, for the replication feed.
+    pub host: String,
+    pub port: u16,
+    pub dbname: String,
     pub generations: Generations,
     pub contexts: Contexts,
+    /// Whether the replication feed lets this database's cache serve (doctrine rule 5).
+    pub feed: feed::FeedGate,
     plans: Mutex<HashMap<String, Arc<Plan>>>,
 }
 
@@ -93,6 +100,9 @@ pub struct Cache {
     pub flights: Arc<flight::Flights>,
     databases: Mutex<HashMap<String, Arc<DatabaseCache>>>,
     next_database: AtomicU32,
+    /// Told about every database when it is first used, so the replication feed can follow
+    /// it (set once at start when a feed is wanted).
+    new_databases: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Arc<DatabaseCache>>>,
 }
 
 impl Cache {
@@ -105,11 +115,27 @@ impl Cache {
             flights: Arc::default(),
             databases: Mutex::new(HashMap::new()),
             next_database: AtomicU32::new(0),
+            new_databases: std::sync::OnceLock::new(),
         }
     }
 
-    /// The state of the database `name` (`host:port/dbname`), created on first use.
-    pub fn database(&self, name: &str) -> Arc<DatabaseCache> {
+    /// Asks to be told about databases as they are first used (and about those already
+    /// known). A new database's gate starts `Down` from then on, until its feed opens it.
+    pub fn follow_databases(&self) -> tokio::sync::mpsc::UnboundedReceiver<Arc<DatabaseCache>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let dbs = self.databases.lock().unwrap_or_else(|e| e.into_inner());
+        for db in dbs.values() {
+            db.feed.set(feed::FeedState::Down);
+            let _ = tx.send(Arc::clone(db));
+        }
+        let _ = self.new_databases.set(tx);
+        rx
+    }
+
+    /// The state of the database `dbname` on `host:port`, created on first use.
+    pub fn database(&self, host: &str, port: u16, dbname: &str) -> Arc<DatabaseCache> {
+        let name = format!("{host}:{port}/{dbname}");
+        let name = name.as_str();
         let mut dbs = self.databases.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(db) = dbs.get(name) {
             return Arc::clone(db);
@@ -117,11 +143,19 @@ impl Cache {
         let db = Arc::new(DatabaseCache {
             id: self.next_database.fetch_add(1, Ordering::Relaxed) + 1,
             name: name.to_owned(),
+            host: host.to_owned(),
+            port,
+            dbname: dbname.to_owned(),
             generations: Generations::default(),
             contexts: Contexts::default(),
+            feed: feed::FeedGate::default(),
             plans: Mutex::new(HashMap::new()),
         });
         dbs.insert(name.to_owned(), Arc::clone(&db));
+        if let Some(tx) = self.new_databases.get() {
+            db.feed.set(feed::FeedState::Down);
+            let _ = tx.send(Arc::clone(&db));
+        }
         db
     }
 

@@ -67,6 +67,7 @@ refusals! {
     TooLarge => "too_large",
     NotStored => "response_not_cacheable",
     UnknownStatement => "unknown_prepared_statement",
+    FeedDown => "invalidation_feed_down",
 }
 
 /// What a cacheable read depends on.

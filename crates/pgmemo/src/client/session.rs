@@ -104,10 +104,9 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let max_message = shared.config().max_message_size.0;
     let caching = shared.config().cache_on_for(&route.client_database);
     let (end, state) = if caching {
-        let db = shared.cache.database(&format!(
-            "{}:{}/{}",
-            route.key.host, route.key.port, route.key.database
-        ));
+        let db = shared
+            .cache
+            .database(&route.key.host, route.key.port, &route.key.database);
         let mut session = super::cached::CacheSession::new(db);
         super::cached::run(&mut client, &mut server, &shared, max_message, &mut session).await
     } else {

@@ -232,6 +232,9 @@ impl Requests<'_> {
         if !self.session.enabled {
             return Err(Refusal::SessionOff);
         }
+        if !self.session.db.feed.allows_cache() {
+            return Err(Refusal::FeedDown);
+        }
         let Some(ctx) = self.session.context.as_ref() else {
             return Err(Refusal::SettingsUnknown);
         };

@@ -1,0 +1,71 @@
+//! The gate between the replication feed and the cache of one database (doctrine rule 5):
+//! while pgmemo cannot be sure it sees every write, no cached result is served or stored.
+//! The feed (see `crate::invalidate`) opens the gate once its stream is connected and caught
+//! up, after flushing what was cached before, and closes it the moment the stream is lost.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+/// Where the feed of a database stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FeedState {
+    /// No feed is used (`invalidation = proxy` or `ttl`): writes pgmemo sees invalidate, and
+    /// the cache serves.
+    NotUsed = 0,
+    /// A feed is wanted but not connected and caught up: the cache serves nothing.
+    Down = 1,
+    /// The stream is live: every committed write reaches the cache.
+    Live = 2,
+}
+
+impl FeedState {
+    /// Name for `SHOW CACHE`, `SHOW REPLICATION` and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            FeedState::NotUsed => "not_used",
+            FeedState::Down => "down",
+            FeedState::Live => "live",
+        }
+    }
+}
+
+/// Shared between the feed task and every session of the database.
+#[derive(Debug, Default)]
+pub struct FeedGate {
+    state: AtomicU8,
+    /// WAL position up to which the stream's invalidations have been applied.
+    applied_lsn: AtomicU64,
+}
+
+impl FeedGate {
+    /// The state now.
+    #[inline]
+    pub fn state(&self) -> FeedState {
+        match self.state.load(Ordering::Acquire) {
+            1 => FeedState::Down,
+            2 => FeedState::Live,
+            _ => FeedState::NotUsed,
+        }
+    }
+
+    /// Whether results may be served and stored.
+    #[inline]
+    pub fn allows_cache(&self) -> bool {
+        self.state() != FeedState::Down
+    }
+
+    /// Sets the state (the feed task does).
+    pub fn set(&self, state: FeedState) {
+        self.state.store(state as u8, Ordering::Release);
+    }
+
+    /// Notes that every commit up to `lsn` has been applied.
+    pub fn applied(&self, lsn: u64) {
+        self.applied_lsn.fetch_max(lsn, Ordering::AcqRel);
+    }
+
+    /// The WAL position applied so far.
+    pub fn applied_lsn(&self) -> u64 {
+        self.applied_lsn.load(Ordering::Acquire)
+    }
+}
