@@ -68,6 +68,7 @@ refusals! {
     NotStored => "response_not_cacheable",
     UnknownStatement => "unknown_prepared_statement",
     FeedDown => "invalidation_feed_down",
+    AwaitingFeed => "awaiting_own_write_on_feed",
 }
 
 /// What a cacheable read depends on.

@@ -80,6 +80,9 @@ pub(crate) struct Link {
     pub txn_snapshot: AtomicBool,
     /// Settings in the key may have changed since the context was read.
     pub context_stale: AtomicBool,
+    /// A commit left writes to the replication feed: the session must learn the WAL position
+    /// to wait for before it may use the cache again.
+    pub await_feed: AtomicBool,
 }
 
 impl Link {
@@ -90,6 +93,7 @@ impl Link {
             txn_wrote: AtomicBool::new(false),
             txn_snapshot: AtomicBool::new(false),
             context_stale: AtomicBool::new(true),
+            await_feed: AtomicBool::new(false),
         }
     }
 

@@ -235,6 +235,11 @@ impl Requests<'_> {
         if !self.session.db.feed.allows_cache() {
             return Err(Refusal::FeedDown);
         }
+        if self.session.bypass_until_lsn > self.session.db.feed.applied_lsn()
+            || self.link.await_feed.load(Ordering::Relaxed)
+        {
+            return Err(Refusal::AwaitingFeed);
+        }
         let Some(ctx) = self.session.context.as_ref() else {
             return Err(Refusal::SettingsUnknown);
         };
@@ -264,6 +269,35 @@ impl Requests<'_> {
             return None;
         }
         self.session.context.as_ref().map(|c| c.id)
+    }
+
+    /// After a commit whose writes only the replication feed will invalidate, reads the WAL
+    /// position the session must wait for (read-your-writes): until the feed has applied it,
+    /// this session bypasses the cache. One round trip, only after such commits.
+    async fn note_feed_position<SW: AsyncWrite + Unpin>(
+        &mut self,
+        server: &mut SW,
+    ) -> Result<(), PumpError> {
+        if !self.link.await_feed.load(Ordering::Relaxed)
+            || self.st.status() != TransactionStatus::Idle
+        {
+            return Ok(());
+        }
+        let rows = self
+            .ask(
+                server,
+                "/* pgmemo wal position */ SELECT pg_catalog.pg_current_wal_insert_lsn()",
+            )
+            .await?;
+        let lsn = rows
+            .and_then(|r| r.into_iter().next())
+            .and_then(|r| r.into_iter().next().flatten())
+            .and_then(|t| t.parse::<wire::replication::Lsn>().ok());
+        if let Some(lsn) = lsn {
+            self.session.bypass_until_lsn = self.session.bypass_until_lsn.max(lsn.0);
+            self.link.await_feed.store(false, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Reads the session context again if it may have changed and the session is idle.
@@ -356,6 +390,7 @@ impl Requests<'_> {
         let at_boundary = self.st.at_boundary();
         if at_boundary {
             self.refresh_context(server).await?;
+            self.note_feed_position(server).await?;
         }
         let status = self.st.status();
         if let Some(on) = session_switch(text) {
@@ -566,6 +601,7 @@ impl Requests<'_> {
         SW: AsyncWrite + Unpin,
     {
         self.refresh_context(server).await?;
+        self.note_feed_position(server).await?;
         let status = self.st.status();
         let frames = split_frames(&bytes);
         let shape = cacheable_shape(&bytes, &frames);

@@ -379,19 +379,31 @@ fn end_transaction(txn: &mut Effects, link: &Link, shared: &Shared, db: &Databas
     let e = std::mem::take(txn);
     link.txn_wrote.store(false, Ordering::Relaxed);
     link.txn_snapshot.store(false, Ordering::Relaxed);
-    apply_commit(&e, shared, db);
+    if apply_commit(&e, shared, db) {
+        link.await_feed.store(true, Ordering::Relaxed);
+    }
 }
 
-/// Applies committed effects to the cache.
-pub(crate) fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) {
+/// Applies committed effects to the cache. Returns true when writes pgmemo cannot attribute
+/// were left to the live replication feed: the writing session must then bypass the cache until
+/// the feed has applied its commit (read-your-writes).
+pub(crate) fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) -> bool {
     tracing::debug!(effects = ?e, "applying committed effects");
     let stats = &shared.cache.stats;
+    let mut left_to_feed = false;
     if e.ddl {
         db.forget_plans();
     }
     if e.database_wide {
-        db.generations.invalidate_database();
-        stats.database_invalidations.fetch_add(1, Ordering::Relaxed);
+        // DDL is not in the stream (only its effects on rows are); everything else a statement
+        // wrote somewhere pgmemo cannot name (DO, CALL, volatile functions, triggers) arrives
+        // on a live feed, so the other sessions' entries need not all go.
+        if db.feed.state() == crate::cache::feed::FeedState::Live && !e.ddl {
+            left_to_feed = true;
+        } else {
+            db.generations.invalidate_database();
+            stats.database_invalidations.fetch_add(1, Ordering::Relaxed);
+        }
     }
     if !e.writes.is_empty() {
         db.generations.invalidate_tables(&e.writes);
@@ -399,4 +411,5 @@ pub(crate) fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) {
             .invalidations
             .fetch_add(e.writes.len() as u64, Ordering::Relaxed);
     }
+    left_to_feed
 }

@@ -37,6 +37,9 @@ pub struct CacheSession {
     pub unnamed_behind: Option<Bytes>,
     /// The next request's response starts with a ParseComplete pgmemo caused.
     pub swallow_next_parse_complete: bool,
+    /// The cache is bypassed until the replication feed has applied the WAL up to here (the
+    /// session's own writes that only the feed invalidates).
+    pub bypass_until_lsn: u64,
     /// Reused for keys.
     pub key: Vec<u8>,
     /// Reused for hit responses.
@@ -52,6 +55,7 @@ impl CacheSession {
             statements: HashMap::new(),
             enabled: true,
             unnamed_behind: None,
+            bypass_until_lsn: 0,
             swallow_next_parse_complete: false,
             key: Vec::with_capacity(256),
             out: Vec::with_capacity(1024),
