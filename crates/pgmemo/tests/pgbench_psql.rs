@@ -70,7 +70,20 @@ async fn pgbench_runs_cleanly_in_every_query_mode() {
     .await
     .unwrap();
     let pgmemo_port = pgmemo.port().to_string();
+    // Totals read through pgmemo are cached before each run; the run's writes (in explicit
+    // transactions, in every protocol mode) must invalidate them.
+    let through = pgmemo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let total = "SELECT sum(abalance)::text, count(*)::text FROM pgbench_accounts";
+    let value = |rows: Vec<tokio_postgres::SimpleQueryMessage>| {
+        rows.into_iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+    };
     for mode in ["simple", "extended", "prepared"] {
+        let before = value(through.simple_query(total).await.unwrap());
+        assert_eq!(value(through.simple_query(total).await.unwrap()), before);
         let mut bench = pg_client("pgbench");
         bench
             .args(["-M", mode, "-c", "8", "-j", "2", "-T", "5", "-n"])
@@ -89,6 +102,12 @@ async fn pgbench_runs_cleanly_in_every_query_mode() {
         assert!(
             report.contains(&format!("query mode: {mode}")),
             "-M {mode}:\n{report}"
+        );
+        let after = value(through.simple_query(total).await.unwrap());
+        assert_eq!(
+            after,
+            value(direct.simple_query(total).await.unwrap()),
+            "-M {mode}: the cached total was invalidated"
         );
     }
 
