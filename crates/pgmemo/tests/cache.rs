@@ -774,3 +774,29 @@ async fn ttls_from_hints_and_tables_end_entries() {
     let q = "SELECT v FROM t WHERE id = 2";
     assert!(served_from_cache(&c, &direct, q).await);
 }
+
+async fn get(c: &Client, s: &tokio_postgres::Statement) -> String {
+    c.query_one(s, &[&1i32]).await.unwrap().get::<_, String>(0)
+}
+
+#[tokio::test]
+async fn a_session_with_temporary_tables_shares_no_result() {
+    let (_pg, memo, _direct) = setup().await;
+    let a = memo.client("postgres", "postgres").await;
+    let b = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = $1";
+    let sb = b.prepare(q).await.unwrap();
+    assert_eq!(get(&b, &sb).await, "one");
+    a.batch_execute("CREATE TEMP TABLE t (id int, v text); INSERT INTO t VALUES (1, 'mine')")
+        .await
+        .unwrap();
+    let sa = a.prepare(q).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(get(&b, &sb).await, "one");
+        assert_eq!(
+            get(&a, &sa).await,
+            "mine",
+            "A reads its own temporary table"
+        );
+    }
+}

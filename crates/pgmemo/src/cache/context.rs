@@ -31,7 +31,10 @@ pub const KEY_SETTINGS: &[&str] = &[
     "default_transaction_isolation",
 ];
 
-/// The query that reads a session's context: roles first, then [`KEY_SETTINGS`] in order.
+/// The query that reads a session's context: roles first, then [`KEY_SETTINGS`] in order, then
+/// the session's temporary schema when it holds relations. A session with temporary tables can
+/// read different relations under the same names and settings as another, so it never shares a
+/// context (nor, therefore, a result) with any other session.
 pub fn context_query() -> String {
     let mut q = String::from("/* pgmemo session context */ SELECT current_user, session_user");
     for s in KEY_SETTINGS {
@@ -39,6 +42,11 @@ pub fn context_query() -> String {
         q.push_str(s);
         q.push_str("')");
     }
+    q.push_str(
+        ", CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class \
+         WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
+         THEN pg_catalog.pg_my_temp_schema()::text ELSE '' END",
+    );
     q
 }
 

@@ -383,6 +383,8 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         StatementKind::Ddl => {
             e.database_wide = true;
             e.ddl = true;
+            // CREATE TEMP TABLE changes what names mean to this session (see the context).
+            e.settings = true;
         }
         // DO, CALL, EXECUTE (its statement is the session's), anything unclassified.
         _ => {
