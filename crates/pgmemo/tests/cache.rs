@@ -800,3 +800,27 @@ async fn a_session_with_temporary_tables_shares_no_result() {
         );
     }
 }
+
+#[tokio::test]
+async fn prepared_statements_follow_a_table_swapped_in_under_the_same_name() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE t_next (id int PRIMARY KEY, v text); INSERT INTO t_next VALUES (1, 'next');",
+    )
+    .await;
+    let a = memo.client("postgres", "postgres").await;
+    let b = memo.client("postgres", "postgres").await;
+    let sa = a.prepare("SELECT v FROM t WHERE id = $1").await.unwrap();
+    assert_eq!(get(&a, &sa).await, "one");
+    b.batch_execute("ALTER TABLE t RENAME TO t_old; ALTER TABLE t_next RENAME TO t")
+        .await
+        .unwrap();
+    // PostgreSQL re-plans the same prepared statement against the table now called t.
+    assert_eq!(get(&a, &sa).await, "next");
+    assert_eq!(get(&a, &sa).await, "next");
+    // The entry depends on that table, not the one the statement first read.
+    b.batch_execute("UPDATE t SET v = 'newer' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(get(&a, &sa).await, "newer");
+}

@@ -48,6 +48,9 @@ pub struct DatabaseCache {
     /// Whether the replication feed lets this database's cache serve (doctrine rule 5).
     pub feed: feed::FeedGate,
     plans: Mutex<HashMap<String, Arc<Plan>>>,
+    /// Bumped whenever the memo is dropped, so plans a session keeps for its prepared
+    /// statements are dropped too.
+    plans_epoch: std::sync::atomic::AtomicU64,
 }
 
 impl DatabaseCache {
@@ -88,6 +91,12 @@ impl DatabaseCache {
     /// other volatilities).
     pub fn forget_plans(&self) {
         self.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.plans_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Changes whenever memoized plans are dropped.
+    pub fn plans_epoch(&self) -> u64 {
+        self.plans_epoch.load(Ordering::Acquire)
     }
 }
 
@@ -150,6 +159,7 @@ impl Cache {
             contexts: Contexts::default(),
             feed: feed::FeedGate::default(),
             plans: Mutex::new(HashMap::new()),
+            plans_epoch: std::sync::atomic::AtomicU64::new(0),
         });
         dbs.insert(name.to_owned(), Arc::clone(&db));
         if let Some(tx) = self.new_databases.get() {

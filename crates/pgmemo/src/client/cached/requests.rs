@@ -539,12 +539,14 @@ impl Requests<'_> {
             }
             b'E' => {
                 let portal = cstr(body).map(|(p, _)| p).unwrap_or_default();
+                let epoch = self.session.db.plans_epoch();
                 let effects = pump
                     .portals
                     .get(portal)
                     .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
                     .and_then(|s| s.plan.as_ref())
-                    .map(|(_, p, _)| p.effects.clone())
+                    .filter(|(_, e, p, _)| *e == epoch && p.complete)
+                    .map(|(_, _, p, _)| p.effects.clone())
                     .unwrap_or_else(|| self.effects_without_catalog(portal, pump));
                 pump.batch_effects.merge(&effects);
             }
@@ -664,10 +666,11 @@ impl Requests<'_> {
                 continue;
             };
             let ctx_id = self.trusted_context_id();
+            let epoch = self.session.db.plans_epoch();
             let known = match self.session.statements.get(stmt_name.as_ref()) {
                 None => None,
                 Some(s) => match &s.plan {
-                    Some((id, p, t)) if Some(*id) == ctx_id && p.complete => {
+                    Some((id, e, p, t)) if Some(*id) == ctx_id && *e == epoch && p.complete => {
                         Some(Ok((Arc::clone(p), *t)))
                     }
                     _ => Some(Err(s.text.clone())),
@@ -685,7 +688,7 @@ impl Requests<'_> {
                     if let (Some(s), Some(id)) =
                         (self.session.statements.get_mut(stmt_name.as_ref()), ctx_id)
                     {
-                        s.plan = Some((id, Arc::clone(&plan), time_literal));
+                        s.plan = Some((id, epoch, Arc::clone(&plan), time_literal));
                     }
                     (plan, time_literal)
                 }

@@ -19,8 +19,9 @@ pub struct Statement {
     pub text: String,
     /// Key part identifying the statement: text and parameter type OIDs as sent in Parse.
     pub identity: Bytes,
-    /// Its plan, the context id it was made in, and whether the text holds a time literal.
-    pub plan: Option<(u64, Arc<Plan>, bool)>,
+    /// Its plan, the context id and plan epoch it was made in, and whether the text holds a
+    /// time literal.
+    pub plan: Option<(u64, u64, Arc<Plan>, bool)>,
 }
 
 /// Per-session cache state.
