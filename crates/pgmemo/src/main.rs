@@ -65,6 +65,10 @@ struct Cli {
     /// Serve repeated reads from memory [default: on].
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     cache: Option<String>,
+    /// How writes made elsewhere are seen: replication stream, proxy only, or TTL
+    /// [default: auto].
+    #[arg(long, value_name = "MODE", value_parser = ["auto", "replication", "proxy", "ttl"])]
+    invalidation: Option<String>,
     /// Validate the configuration, print it as TOML (passwords masked) and exit: 0 if valid,
     /// 1 if not.
     #[arg(long)]
@@ -97,6 +101,7 @@ impl Cli {
         );
         set("log_level", self.log_level.clone().map(Into::into));
         set("cache", self.cache.clone().map(Into::into));
+        set("invalidation", self.invalidation.clone().map(Into::into));
         set(
             "worker_threads",
             self.worker_threads.map(|n| i64::from(n).into()),

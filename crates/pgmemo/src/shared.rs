@@ -40,6 +40,8 @@ pub struct Shared {
     /// Upstream time of cache misses, for the metrics endpoint's latency histogram: totals
     /// alone hide the slow tail that caching is meant to cut.
     pub upstream_time: Histogram,
+    /// The replication feeds (one per database) and their status, for `SHOW REPLICATION`.
+    pub feeds: crate::invalidate::Feeds,
     /// Clients logged in now, for `SHOW CLIENTS`.
     pub clients: ClientRegistry,
     reloader: std::sync::Mutex<Option<Reloader>>,
@@ -69,6 +71,7 @@ impl Shared {
             stats: Stats::default(),
             cache,
             upstream_time: Histogram::default(),
+            feeds: crate::invalidate::Feeds::default(),
             clients: ClientRegistry::default(),
             reloader: std::sync::Mutex::new(None),
             sessions: TaskTracker::new(),
@@ -113,6 +116,14 @@ impl Shared {
         if new.metrics_listen != old.metrics_listen {
             kept.push("metrics_listen");
             new.metrics_listen = old.metrics_listen;
+        }
+        if new.invalidation != old.invalidation {
+            kept.push("invalidation");
+            new.invalidation = old.invalidation;
+        }
+        if new.replication_publication != old.replication_publication {
+            kept.push("replication_publication");
+            new.replication_publication = old.replication_publication.clone();
         }
         if new.shutdown_timeout != old.shutdown_timeout {
             kept.push("shutdown_timeout");

@@ -1,5 +1,5 @@
 //! The admin console's commands, parsed from a simple query: `SHOW POOLS`, `SHOW CLIENTS`,
-//! `SHOW STATS`, `SHOW CONFIG`, `SHOW VERSION`, `SHOW HELP`, `RELOAD`. Case does not matter and
+//! `SHOW STATS`, `SHOW CONFIG`, `SHOW REPLICATION`, `SHOW VERSION`, `SHOW HELP`, `RELOAD`. Case does not matter and
 //! a trailing semicolon is ignored, as in PgBouncer's console.
 
 /// One admin command.
@@ -15,6 +15,8 @@ pub enum AdminCommand {
     ShowCache,
     ShowQueries,
     ShowTables,
+    /// `SHOW REPLICATION`: the invalidation feeds.
+    ShowReplication,
     /// `EXPLAIN CACHE query`.
     ExplainCache(String),
     /// `CACHE PURGE [table]`.
@@ -52,6 +54,7 @@ impl AdminCommand {
             }
             ["SHOW", "QUERIES"] => AdminCommand::ShowQueries,
             ["SHOW", "TABLES"] => AdminCommand::ShowTables,
+            ["SHOW", "REPLICATION"] => AdminCommand::ShowReplication,
             ["CACHE", "PURGE"] => AdminCommand::CachePurge(None),
             ["CACHE", "PURGE", _] => AdminCommand::CachePurge(
                 text.split_whitespace()
@@ -75,6 +78,10 @@ mod tests {
             AdminCommand::ShowStats
         );
         assert_eq!(AdminCommand::parse("reload"), AdminCommand::Reload);
+        assert_eq!(
+            AdminCommand::parse("show replication;"),
+            AdminCommand::ShowReplication
+        );
         assert_eq!(AdminCommand::parse(" ; "), AdminCommand::Empty);
         assert_eq!(
             AdminCommand::parse("select 1"),

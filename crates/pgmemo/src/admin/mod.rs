@@ -13,6 +13,7 @@ mod show_clients;
 mod show_config;
 mod show_help;
 mod show_pools;
+mod show_replication;
 mod show_stats;
 mod table;
 
@@ -149,7 +150,11 @@ async fn command_loop(client: &mut ClientConn, shared: &Arc<Shared>) -> Result<(
     client.send(&hello).await?;
     let mut extended_error = false;
     loop {
-        let frame = client.read_frame(MAX_ADMIN_MESSAGE).await?;
+        // The console is idle between commands: it closes as soon as shutdown begins.
+        let frame = tokio::select! {
+            _ = shared.stop_accepting.cancelled() => return Ok(()),
+            frame = client.read_frame(MAX_ADMIN_MESSAGE) => frame?,
+        };
         let mut out = BytesMut::new();
         match frame.tag() {
             b'X' => return Ok(()),
@@ -193,6 +198,7 @@ fn answer(shared: &Shared, command: AdminCommand, out: &mut BytesMut) {
         AdminCommand::ExplainCache(sql) => explain_cache::explain_cache(shared, &sql),
         AdminCommand::ShowQueries => show_cache::show_queries(shared),
         AdminCommand::ShowTables => show_cache::show_tables(shared),
+        AdminCommand::ShowReplication => show_replication::show_replication(shared),
         AdminCommand::CachePurge(table) => {
             match table {
                 None => shared.cache.purge_all(),

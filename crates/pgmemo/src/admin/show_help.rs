@@ -28,6 +28,10 @@ pub fn show_help() -> Table {
         ),
         ("SHOW TABLES", "per table: results stored and invalidations"),
         (
+            "SHOW REPLICATION",
+            "per database: invalidation feed state, slot, LSNs, lag, reconnects",
+        ),
+        (
             "CACHE PURGE [table]",
             "drop every cached result, or those reading a table",
         ),

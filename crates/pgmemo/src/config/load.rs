@@ -50,6 +50,8 @@ const KEYS: &[&str] = &[
     "cache_include_tables",
     "cache_table_ttl",
     "metrics_listen",
+    "invalidation",
+    "replication_publication",
 ];
 
 /// Smallest `max_message_size` that still fits a startup packet and ordinary queries.
@@ -295,6 +297,16 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
             format!("metrics_listen {metrics} must differ from listen"),
         );
     }
+    require(
+        !config.replication_publication.is_empty() && config.replication_publication.len() <= 63,
+        "replication_publication must be 1 to 63 bytes long".into(),
+    );
+    require(
+        config.invalidation != super::Invalidation::Replication || config.upstream.user.is_some(),
+        "invalidation = \"replication\" needs a user in the upstream URL (one that may \
+         replicate: REPLICATION or superuser)"
+            .into(),
+    );
     match (&config.tls_cert_file, &config.tls_key_file) {
         (Some(_), None) => require(false, "tls_cert_file is set but tls_key_file is not".into()),
         (None, Some(_)) => require(false, "tls_key_file is set but tls_cert_file is not".into()),

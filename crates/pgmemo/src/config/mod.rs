@@ -100,6 +100,36 @@ impl<'de> Deserialize<'de> for Switch {
     }
 }
 
+/// How pgmemo learns about writes it does not relay itself (other applications, triggers,
+/// functions, other pgmemo instances). Restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Invalidation {
+    /// `replication` when the upstream allows it (wal_level = logical and a user that may
+    /// replicate), else `proxy` with a warning at start: the safe choice that needs no setup.
+    #[default]
+    Auto,
+    /// Follow PostgreSQL's logical replication stream; while it is down nothing is served
+    /// from the cache (fail closed).
+    Replication,
+    /// Only writes relayed by this pgmemo invalidate; others are seen when entries expire.
+    Proxy,
+    /// Like `proxy`: for setups that rely on `cache_ttl` to bound staleness.
+    Ttl,
+}
+
+impl Invalidation {
+    /// The spelling in the configuration file, for logs and `SHOW REPLICATION`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Invalidation::Auto => "auto",
+            Invalidation::Replication => "replication",
+            Invalidation::Proxy => "proxy",
+            Invalidation::Ttl => "ttl",
+        }
+    }
+}
+
 /// A `[databases.NAME]` entry: the name clients use, mapped to a real database (PgBouncer's
 /// `[databases]` idea). Unset fields fall back to the upstream URL and the client's values.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -191,6 +221,11 @@ pub struct Config {
     /// Where the Prometheus endpoint (`GET /metrics`) listens; unset means no endpoint, so
     /// nothing is exposed unless an operator asks for it. Restart.
     pub metrics_listen: Option<SocketAddr>,
+    /// How writes that do not pass through this pgmemo are seen. Restart.
+    pub invalidation: Invalidation,
+    /// The publication the replication feed subscribes to (created `FOR ALL TABLES` when
+    /// missing). Restart.
+    pub replication_publication: String,
 }
 
 impl Default for Config {
@@ -228,6 +263,8 @@ impl Default for Config {
             cache_include_tables: Vec::new(),
             cache_table_ttl: BTreeMap::new(),
             metrics_listen: None,
+            invalidation: Invalidation::Auto,
+            replication_publication: "pgmemo".to_owned(),
         }
     }
 }

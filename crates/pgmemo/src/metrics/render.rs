@@ -14,6 +14,7 @@ pub fn render(shared: &Shared) -> String {
     clients_and_servers(&mut page, shared);
     pools(&mut page, shared);
     cache(&mut page, shared);
+    replication(&mut page, shared);
     page.histogram_seconds(
         "pgmemo_upstream_query_seconds",
         "Time the upstream server took to answer statements pgmemo could not serve from \
@@ -237,6 +238,49 @@ fn cache(page: &mut Exposition, shared: &Shared) {
     }
 }
 
+/// `SHOW REPLICATION`: per followed database, the feed's state, lag and reconnects. The
+/// families are written even without feeds, so dashboards find them.
+fn replication(page: &mut Exposition, shared: &Shared) {
+    let feeds = shared.feeds.all();
+    page.family(
+        "pgmemo_replication_feed_live",
+        Kind::Gauge,
+        "1 while the database's replication feed is live (its cache may serve), 0 while it is down.",
+    );
+    for f in &feeds {
+        let live = f.state() == crate::cache::feed::FeedState::Live;
+        page.sample(
+            "pgmemo_replication_feed_live",
+            &[("database", &f.db.name)],
+            u8::from(live),
+        );
+    }
+    page.family(
+        "pgmemo_replication_lag_bytes",
+        Kind::Gauge,
+        "WAL bytes between the server's last reported end of WAL and what the feed has applied.",
+    );
+    for f in &feeds {
+        page.sample(
+            "pgmemo_replication_lag_bytes",
+            &[("database", &f.db.name)],
+            f.lag_bytes(),
+        );
+    }
+    page.family(
+        "pgmemo_replication_reconnects_total",
+        Kind::Counter,
+        "Times the replication feed's stream was lost or could not be opened.",
+    );
+    for f in &feeds {
+        page.sample(
+            "pgmemo_replication_reconnects_total",
+            &[("database", &f.db.name)],
+            f.reconnects(),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,7 +328,7 @@ mod tests {
         let families = page.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = page.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(families, helps);
-        assert_eq!(families, 10 + 4 + 1 + 9 + 3 + 2 + 1, "{page}");
+        assert_eq!(families, 10 + 4 + 1 + 9 + 3 + 2 + 3 + 1, "{page}");
         assert_eq!(
             page.matches("pgmemo_cache_refusals_total{").count(),
             Refusal::ALL.len(),

@@ -65,6 +65,7 @@ impl Pgmemo {
             (addr, task)
         });
         tokio::spawn(janitor(shared.clone()));
+        crate::invalidate::start(&shared);
         Ok(PgmemoHandle {
             local_addr,
             shared,
@@ -168,6 +169,7 @@ impl PgmemoHandle {
             shared.terminate_sessions.cancel();
             shared.sessions.wait().await;
         }
+        shared.feeds.stopped().await;
         shared.pools.close_all().await;
         tracing::info!("pgmemo stopped");
     }

@@ -1,0 +1,288 @@
+//! The meaning of the replication stream for the cache, without I/O: the feed task hands every
+//! walsender message to a [`Consumer`] and applies the [`Effect`] it returns (invalidate
+//! tables, flush the database, advance the applied LSN, acknowledge).
+//!
+//! The rules:
+//! - Tables are invalidated at Commit, not before: until then the change is invisible to other
+//!   sessions, so entries depending on it are still right. The relation OIDs of the Insert,
+//!   Update, Delete and Truncate messages since Begin are collected (leaf partitions, as
+//!   pgoutput reports them without `publish_via_partition_root`; the cache's dependencies
+//!   include partitions).
+//! - A logical message with prefix `pgmemo.ddl` (see `ddl`) flushes the database and its
+//!   memoized plans, at its Commit when transactional, at once otherwise.
+//! - What is acknowledged (flushed) is what has been applied: the end of the last Commit, or
+//!   the server's WAL end from a keepalive received between transactions: every transaction
+//!   that committed before that point has been streamed and applied, so the server may recycle
+//!   the WAL and the slot never holds any back because of pgmemo.
+
+use wire::replication::{LogicalMessage, Lsn, WalSenderMessage};
+
+/// The prefix of the logical messages that announce DDL.
+pub const DDL_PREFIX: &[u8] = b"pgmemo.ddl";
+
+/// What one message asks of the feed task.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Effect {
+    /// Relation OIDs whose results must go (deduplicated).
+    pub invalidate: Vec<u32>,
+    /// Every result of the database and its memoized plans must go (DDL).
+    pub flush_database: bool,
+    /// Every commit up to here has been applied: advance the gate and acknowledge it.
+    pub applied: Option<Lsn>,
+    /// The server asked for a status update now.
+    pub reply_now: bool,
+    /// A transaction's Commit was processed.
+    pub committed: bool,
+}
+
+/// Follows one stream from its start position.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    in_transaction: bool,
+    written: Vec<u32>,
+    ddl: bool,
+    received: Lsn,
+    applied: Lsn,
+}
+
+impl Consumer {
+    /// A consumer for a stream starting at `start` (the slot's consistent point: everything
+    /// before it was flushed when the stream was established).
+    pub fn new(start: Lsn) -> Consumer {
+        Consumer {
+            in_transaction: false,
+            written: Vec::new(),
+            ddl: false,
+            received: start,
+            applied: start,
+        }
+    }
+
+    /// Furthest position received.
+    pub fn received(&self) -> Lsn {
+        self.received
+    }
+
+    /// Furthest position applied: what a status update reports as flushed.
+    pub fn applied(&self) -> Lsn {
+        self.applied
+    }
+
+    /// Reads one walsender message.
+    pub fn on_message(&mut self, msg: WalSenderMessage) -> Result<Effect, wire::WireError> {
+        match msg {
+            WalSenderMessage::PrimaryKeepalive(k) => {
+                self.received = self.received.max(k.wal_end);
+                let mut effect = Effect {
+                    reply_now: k.reply_requested,
+                    ..Effect::default()
+                };
+                if !self.in_transaction && k.wal_end > self.applied {
+                    self.applied = k.wal_end;
+                    effect.applied = Some(k.wal_end);
+                }
+                Ok(effect)
+            }
+            WalSenderMessage::XLogData(x) => {
+                self.received = self.received.max(wire::replication::lsn_of_xlog(&x));
+                self.on_logical(LogicalMessage::decode(x.data)?)
+            }
+        }
+    }
+
+    fn on_logical(&mut self, msg: LogicalMessage) -> Result<Effect, wire::WireError> {
+        let mut effect = Effect::default();
+        match &msg {
+            LogicalMessage::Begin(_) => {
+                self.in_transaction = true;
+                self.written.clear();
+                self.ddl = false;
+            }
+            LogicalMessage::Commit(c) => {
+                self.in_transaction = false;
+                let mut oids = std::mem::take(&mut self.written);
+                oids.sort_unstable();
+                oids.dedup();
+                effect.invalidate = oids;
+                effect.flush_database = std::mem::take(&mut self.ddl);
+                effect.committed = true;
+                let end = c.end_lsn.max(c.commit_lsn);
+                if end > self.applied {
+                    self.applied = end;
+                }
+                effect.applied = Some(self.applied);
+            }
+            LogicalMessage::Message(m) if m.prefix.as_ref() == DDL_PREFIX => {
+                if self.in_transaction {
+                    self.ddl = true;
+                } else {
+                    effect.flush_database = true;
+                }
+            }
+            LogicalMessage::Unsupported { tag, .. } => {
+                // Not of the protocol version asked for: the stream can no longer be followed.
+                return Err(wire::WireError::UnexpectedTag(*tag));
+            }
+            other => {
+                let written = other.written_relations();
+                if !written.is_empty() {
+                    if self.in_transaction {
+                        self.written.extend_from_slice(written);
+                    } else {
+                        // pgoutput only sends changes inside Begin..Commit; be safe anyway.
+                        effect.invalidate = written.to_vec();
+                    }
+                }
+            }
+        }
+        Ok(effect)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::{Bytes, BytesMut};
+    use wire::replication::{
+        Begin, Commit, Delete, Insert, LogicalDecodingMessage, OldTuple, PrimaryKeepalive,
+        Truncate, TupleData, XLogData,
+    };
+
+    use super::*;
+
+    fn xlog(msg: LogicalMessage, lsn: u64) -> WalSenderMessage {
+        let mut body = BytesMut::new();
+        msg.encode(&mut body);
+        WalSenderMessage::XLogData(XLogData {
+            wal_start: Lsn(lsn),
+            wal_end: Lsn(lsn),
+            send_time: 0,
+            data: body.freeze(),
+        })
+    }
+
+    fn keepalive(wal_end: u64, reply: bool) -> WalSenderMessage {
+        WalSenderMessage::PrimaryKeepalive(PrimaryKeepalive {
+            wal_end: Lsn(wal_end),
+            send_time: 0,
+            reply_requested: reply,
+        })
+    }
+
+    fn begin() -> LogicalMessage {
+        LogicalMessage::Begin(Begin {
+            final_lsn: Lsn(0),
+            commit_time: 0,
+            xid: 7,
+        })
+    }
+
+    fn commit(end: u64) -> LogicalMessage {
+        LogicalMessage::Commit(Commit {
+            flags: 0,
+            commit_lsn: Lsn(end - 8),
+            end_lsn: Lsn(end),
+            commit_time: 0,
+        })
+    }
+
+    fn insert(relation: u32) -> LogicalMessage {
+        LogicalMessage::Insert(Insert {
+            relation,
+            new: TupleData { values: Vec::new() },
+        })
+    }
+
+    fn ddl_message(transactional: bool) -> LogicalMessage {
+        LogicalMessage::Message(LogicalDecodingMessage {
+            flags: u8::from(transactional),
+            lsn: Lsn(0),
+            prefix: Bytes::from_static(DDL_PREFIX),
+            content: Bytes::from_static(b"ALTER TABLE"),
+        })
+    }
+
+    #[test]
+    fn tables_are_invalidated_at_commit_deduplicated() {
+        let mut c = Consumer::new(Lsn(100));
+        assert_eq!(c.on_message(xlog(begin(), 110)).unwrap(), Effect::default());
+        for oid in [16384, 16390, 16384] {
+            let e = c.on_message(xlog(insert(oid), 120)).unwrap();
+            assert!(e.invalidate.is_empty(), "nothing before the commit");
+        }
+        let del = LogicalMessage::Delete(Delete {
+            relation: 16395,
+            old: OldTuple::Key(TupleData { values: Vec::new() }),
+        });
+        c.on_message(xlog(del, 125)).unwrap();
+        let trunc = LogicalMessage::Truncate(Truncate {
+            options: 0,
+            relations: vec![16390, 16400],
+        });
+        c.on_message(xlog(trunc, 126)).unwrap();
+        let e = c.on_message(xlog(commit(200), 200)).unwrap();
+        assert_eq!(e.invalidate, vec![16384, 16390, 16395, 16400]);
+        assert_eq!(e.applied, Some(Lsn(200)));
+        assert!(e.committed && !e.flush_database);
+        assert_eq!(c.applied(), Lsn(200));
+        let e = c
+            .on_message(xlog(begin(), 210))
+            .and_then(|_| c.on_message(xlog(commit(220), 220)))
+            .unwrap();
+        assert!(e.invalidate.is_empty(), "a new transaction starts empty");
+    }
+
+    #[test]
+    fn keepalives_advance_only_between_transactions() {
+        let mut c = Consumer::new(Lsn(100));
+        let e = c.on_message(keepalive(150, false)).unwrap();
+        assert_eq!(e.applied, Some(Lsn(150)));
+        assert!(!e.reply_now);
+        c.on_message(xlog(begin(), 160)).unwrap();
+        c.on_message(xlog(insert(1), 170)).unwrap();
+        let e = c.on_message(keepalive(300, true)).unwrap();
+        assert_eq!(
+            e.applied, None,
+            "inside a transaction nothing is applied yet"
+        );
+        assert!(e.reply_now);
+        assert_eq!(c.applied(), Lsn(150));
+        assert_eq!(c.received(), Lsn(300));
+        let e = c.on_message(xlog(commit(250), 250)).unwrap();
+        assert_eq!(e.applied, Some(Lsn(250)));
+        let e = c.on_message(keepalive(120, false)).unwrap();
+        assert_eq!(e.applied, None, "never backwards");
+    }
+
+    #[test]
+    fn ddl_messages_flush_the_database() {
+        let mut c = Consumer::new(Lsn(1));
+        c.on_message(xlog(begin(), 10)).unwrap();
+        let e = c.on_message(xlog(ddl_message(true), 11)).unwrap();
+        assert!(!e.flush_database, "transactional: at commit");
+        assert!(c.on_message(xlog(commit(20), 20)).unwrap().flush_database);
+        assert!(
+            c.on_message(xlog(ddl_message(false), 21))
+                .unwrap()
+                .flush_database
+        );
+        let other = LogicalMessage::Message(LogicalDecodingMessage {
+            flags: 0,
+            lsn: Lsn(0),
+            prefix: Bytes::from_static(b"someone.else"),
+            content: Bytes::new(),
+        });
+        assert!(!c.on_message(xlog(other, 22)).unwrap().flush_database);
+    }
+
+    #[test]
+    fn malformed_data_is_an_error() {
+        let mut c = Consumer::new(Lsn(1));
+        let bad = WalSenderMessage::XLogData(XLogData {
+            wal_start: Lsn(2),
+            wal_end: Lsn(2),
+            send_time: 0,
+            data: Bytes::from_static(b"C"),
+        });
+        assert!(c.on_message(bad).is_err());
+    }
+}

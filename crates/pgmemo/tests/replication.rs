@@ -1,0 +1,417 @@
+//! Invalidation from the logical replication stream (`invalidation = "replication"`), each test
+//! against its own cluster with `wal_level = logical`: writes pgmemo does not relay reach the
+//! cache, a lost stream closes the gate and is re-established, and the temporary slot never
+//! holds WAL back nor outlives pgmemo.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgmemo::cache::feed::FeedState;
+use pgmemo::config::{Invalidation, UpstreamUrl};
+use pgmemo::invalidate::FeedStatus;
+use testkit::{assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo};
+use testkit::{PgmemoInstance, TempPostgres};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// How long a feed may take to connect, create its slot and go live.
+const LIVE_DEADLINE: Duration = Duration::from_secs(10);
+
+async fn cluster() -> TempPostgres {
+    let pg = TempPostgres::builder()
+        .conf("wal_level = logical")
+        .conf("max_replication_slots = 10")
+        .conf("max_wal_senders = 10")
+        .hba("host replication all 127.0.0.1/32 trust")
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);
+         INSERT INTO t VALUES (1, 'one'), (2, 'two');",
+    )
+    .await;
+    pg
+}
+
+async fn pgmemo_for(pg: &TempPostgres) -> PgmemoInstance {
+    pgmemo_with(pg, Invalidation::Replication).await
+}
+
+async fn pgmemo_with(pg: &TempPostgres, invalidation: Invalidation) -> PgmemoInstance {
+    let mut config = pgmemo_config_for(pg.port());
+    config.upstream =
+        UpstreamUrl::parse(&format!("postgres://postgres@127.0.0.1:{}", pg.port())).expect("url");
+    config.invalidation = invalidation;
+    spawn_pgmemo(config).await.expect("pgmemo starts")
+}
+
+/// The first column of the first row of a simple query.
+async fn first(client: &Client, sql: &str) -> Option<String> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_owned)),
+            _ => None,
+        })
+        .flatten()
+}
+
+fn hits(memo: &PgmemoInstance) -> u64 {
+    memo.handle()
+        .shared()
+        .cache
+        .stats
+        .hits
+        .load(Ordering::Relaxed)
+}
+
+/// The feed of the only database used through `memo`.
+fn feed(memo: &PgmemoInstance) -> Option<Arc<FeedStatus>> {
+    memo.handle().shared().feeds.all().into_iter().next()
+}
+
+/// Waits until the feed is live on a slot other than `not_slot`; returns the slot.
+async fn wait_live(memo: &PgmemoInstance, not_slot: Option<&str>) -> String {
+    eventually_some(LIVE_DEADLINE, || async {
+        let f = feed(memo)?;
+        let slot = f.slot()?;
+        (f.state() == FeedState::Live && Some(slot.as_str()) != not_slot).then_some(slot)
+    })
+    .await
+    .unwrap_or_else(|| {
+        let error = feed(memo).and_then(|f| f.last_error());
+        panic!("the feed did not go live within {LIVE_DEADLINE:?} (last error: {error:?})")
+    })
+}
+
+/// Reads `sql` through pgmemo until a second read is a hit: proves the result is cached.
+async fn cached(memo: &PgmemoInstance, c: &Client, sql: &str) -> Option<String> {
+    let before = hits(memo);
+    let value = first(c, sql).await;
+    assert_eventually(
+        Duration::from_secs(5),
+        "a repeated read is a hit",
+        || async {
+            assert_eq!(first(c, sql).await, value);
+            hits(memo) > before
+        },
+    )
+    .await;
+    value
+}
+
+#[tokio::test]
+async fn a_direct_write_invalidates_a_cached_read_within_a_second() {
+    let pg = cluster().await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    let slot = wait_live(&memo, None).await;
+
+    // SHOW REPLICATION reports the live feed and its slot.
+    let (admin, conn) =
+        tokio_postgres::connect(&memo.url("postgres", "pgmemo"), tokio_postgres::NoTls)
+            .await
+            .expect("admin console");
+    tokio::spawn(conn);
+    let rows = admin.simple_query("SHOW REPLICATION").await.unwrap();
+    let row = rows
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        })
+        .expect("one feed");
+    assert_eq!(row.get("state"), Some("live"));
+    assert_eq!(row.get("slot"), Some(slot.as_str()));
+    assert_eq!(row.get("publication"), Some("pgmemo"));
+    let slots = first(
+        &direct,
+        "SELECT string_agg(slot_name || ':' || temporary, ',') FROM pg_replication_slots",
+    )
+    .await;
+    assert_eq!(slots, Some(format!("{slot}:true")));
+
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("one"));
+    direct
+        .batch_execute("UPDATE t SET v = 'uno' WHERE id = 1")
+        .await
+        .unwrap();
+    let committed = Instant::now();
+    assert_eventually(
+        Duration::from_secs(1),
+        "the fresh value via pgmemo",
+        || async { first(&c, q).await.as_deref() == Some("uno") },
+    )
+    .await;
+    let staleness = committed.elapsed();
+    assert!(staleness < Duration::from_secs(1), "{staleness:?}");
+    // And the fresh value is cached again.
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("uno"));
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_trigger_fired_by_a_write_through_pgmemo_invalidates_another_table() {
+    let pg = cluster().await;
+    pg.psql(
+        "CREATE TABLE a (id int PRIMARY KEY);
+         CREATE TABLE b (id int PRIMARY KEY, n int);
+         INSERT INTO b VALUES (1, 0);
+         CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN UPDATE b SET n = n + 1; RETURN NEW; END $$;
+         CREATE TRIGGER a_bumps_b AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION bump();",
+    )
+    .await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let reader = memo.client("postgres", "postgres").await;
+    let q = "SELECT n FROM b";
+    assert_eq!(first(&reader, q).await.as_deref(), Some("0"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &reader, q).await.as_deref(), Some("0"));
+    c.batch_execute("INSERT INTO a VALUES (1)").await.unwrap();
+    assert_eventually(
+        Duration::from_secs(5),
+        "b's new value via pgmemo",
+        || async { first(&reader, q).await.as_deref() == Some("1") },
+    )
+    .await;
+    // The writer itself reads its write at once (read-your-writes).
+    c.batch_execute("INSERT INTO a VALUES (2)").await.unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("2"));
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_killed_stream_closes_the_gate_flushes_and_reconnects() {
+    let pg = cluster().await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 2";
+    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+    let slot = wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("two"));
+
+    let killed = first(
+        &direct,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_replication",
+    )
+    .await;
+    assert_eq!(killed.as_deref(), Some("1"));
+    assert_eventually(Duration::from_secs(5), "the gate closes", || async {
+        feed(&memo).is_some_and(|f| f.state() != FeedState::Live)
+    })
+    .await;
+    direct
+        .batch_execute("UPDATE t SET v = 'dos' WHERE id = 2")
+        .await
+        .unwrap();
+    // From the moment the update committed, no read returns the old value: the gate is down
+    // (reads bypass the cache) until a new stream is live, and the cache is flushed by then.
+    let fresh_until_live = async {
+        loop {
+            assert_eq!(first(&c, q).await.as_deref(), Some("dos"), "stale read");
+            if feed(&memo).is_some_and(|f| f.state() == FeedState::Live) {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(LIVE_DEADLINE, fresh_until_live)
+        .await
+        .expect("the feed comes back");
+    let new_slot = wait_live(&memo, Some(&slot)).await;
+    assert!(feed(&memo).unwrap().reconnects() >= 1);
+    assert_eq!(first(&c, q).await.as_deref(), Some("dos"));
+
+    // Caching works again, and the new stream invalidates.
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("dos"));
+    direct
+        .batch_execute("UPDATE t SET v = 'deux' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(1),
+        "the new stream invalidates",
+        || async { first(&c, q).await.as_deref() == Some("deux") },
+    )
+    .await;
+    let slots = first(
+        &direct,
+        "SELECT string_agg(slot_name, ',') FROM pg_replication_slots",
+    )
+    .await;
+    assert_eq!(slots, Some(new_slot), "the old temporary slot is gone");
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_slot_retains_no_wal_and_disappears_with_pgmemo() {
+    let pg = cluster().await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    assert_eq!(
+        first(&c, "SELECT count(*) FROM t").await.as_deref(),
+        Some("2")
+    );
+    wait_live(&memo, None).await;
+    drop(c);
+
+    let start = first(&direct, "SELECT pg_current_wal_lsn()::text").await;
+    direct
+        .batch_execute(
+            "DO $$ BEGIN
+               FOR i IN 1..10000 LOOP
+                 UPDATE t SET v = i::text WHERE id = 1;
+                 COMMIT;
+               END LOOP;
+             END $$",
+        )
+        .await
+        .unwrap();
+    let behind = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
+                  pg_wal_lsn_diff(confirmed_flush_lsn, $1::text::pg_lsn)::bigint \
+                  FROM pg_replication_slots";
+    let start = start.expect("an LSN");
+    let last = std::sync::Mutex::new(None);
+    let caught_up = testkit::eventually(Duration::from_secs(10), || async {
+        let row = direct.query_one(behind, &[&start]).await.expect("one slot");
+        let (lag, advanced): (i64, i64) = (row.get(0), row.get(1));
+        *last.lock().unwrap() = Some((lag, advanced));
+        (0..64 * 1024).contains(&lag) && advanced > 0
+    })
+    .await;
+    assert!(
+        caught_up,
+        "confirmed_flush_lsn stays behind (bytes behind, bytes advanced): {:?}",
+        last.lock().unwrap()
+    );
+    let applied = feed(&memo).unwrap().transactions();
+    assert!(applied >= 10_000, "transactions applied: {applied}");
+
+    memo.shutdown().await;
+    assert_eventually(Duration::from_secs(5), "no slot remains", || async {
+        first(&direct, "SELECT count(*) FROM pg_replication_slots")
+            .await
+            .as_deref()
+            == Some("0")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn no_publication_is_created_while_a_table_lacks_a_replica_identity() {
+    let pg = cluster().await;
+    pg.psql("CREATE TABLE log (line text)").await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    assert_eventually(Duration::from_secs(5), "the feed reports why", || async {
+        feed(&memo)
+            .and_then(|f| f.last_error())
+            .is_some_and(|e| e.contains("public.log"))
+    })
+    .await;
+    assert_eq!(feed(&memo).unwrap().state(), FeedState::Down);
+    // Fail closed: nothing is served from the cache; the application's writes still work.
+    let before = hits(&memo);
+    for _ in 0..3 {
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    }
+    assert_eq!(hits(&memo), before);
+    c.batch_execute("INSERT INTO log VALUES ('x'); UPDATE log SET line = 'y'")
+        .await
+        .unwrap();
+    let direct = pg.client("postgres", "postgres").await;
+    assert_eq!(
+        first(&direct, "SELECT count(*) FROM pg_publication")
+            .await
+            .as_deref(),
+        Some("0")
+    );
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn auto_without_a_publication_falls_back_to_proxy_for_the_database() {
+    let pg = cluster().await;
+    let memo = pgmemo_with(&pg, Invalidation::Auto).await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    assert_eventually(Duration::from_secs(5), "the feed gives up", || async {
+        feed(&memo).is_some_and(|f| f.state() == FeedState::NotUsed)
+    })
+    .await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("one"));
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn auto_with_a_publication_uses_the_feed() {
+    let pg = cluster().await;
+    pg.psql("CREATE PUBLICATION pgmemo FOR ALL TABLES").await;
+    let memo = pgmemo_with(&pg, Invalidation::Auto).await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("one"));
+    let direct = pg.client("postgres", "postgres").await;
+    direct
+        .batch_execute("UPDATE t SET v = 'uno' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(1),
+        "the fresh value via pgmemo",
+        || async { first(&c, q).await.as_deref() == Some("uno") },
+    )
+    .await;
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn ddl_made_directly_reaches_the_cache_through_the_event_trigger() {
+    let pg = cluster().await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT * FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("1"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("1"));
+    let direct = pg.client("postgres", "postgres").await;
+    let triggers = first(
+        &direct,
+        "SELECT string_agg(evtname, ',' ORDER BY evtname) FROM pg_event_trigger",
+    )
+    .await;
+    assert_eq!(triggers.as_deref(), Some("pgmemo_ddl,pgmemo_ddl_drop"));
+    // A column added directly (no row changes at all) appears through pgmemo.
+    direct
+        .batch_execute("ALTER TABLE t ADD COLUMN extra int DEFAULT 7")
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(1),
+        "the new column via pgmemo",
+        || async {
+            let rows = c.simple_query(q).await.unwrap();
+            rows.iter().any(|m| match m {
+                SimpleQueryMessage::Row(r) => matches!(r.try_get("extra"), Ok(Some("7"))),
+                _ => false,
+            })
+        },
+    )
+    .await;
+    memo.shutdown().await;
+}
