@@ -626,6 +626,10 @@ mod raw {
         msg(b'S', b"")
     }
 
+    pub fn flush() -> Vec<u8> {
+        msg(b'H', b"")
+    }
+
     impl Raw {
         pub async fn connect(addr: std::net::SocketAddr) -> Raw {
             let mut stream = TcpStream::connect(addr).await.unwrap();
@@ -642,6 +646,44 @@ mod raw {
             };
             raw.until_ready().await;
             raw
+        }
+
+        /// Sends `messages` and reads `count` messages back: their tags and text columns.
+        pub async fn exchange(
+            &mut self,
+            messages: &[Vec<u8>],
+            count: usize,
+        ) -> (Vec<char>, Vec<String>) {
+            self.stream.write_all(&messages.concat()).await.unwrap();
+            let (mut tags, mut values) = (Vec::new(), Vec::new());
+            while tags.len() < count {
+                while self.buf.len() >= 5 && tags.len() < count {
+                    let len =
+                        i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                            as usize;
+                    if self.buf.len() < len + 1 {
+                        break;
+                    }
+                    let frame = self.buf.split_to(len + 1);
+                    tags.push(frame[0] as char);
+                    if frame[0] == b'D' {
+                        let mut body = &frame[5..];
+                        let n = body.get_i16();
+                        for _ in 0..n {
+                            let l = body.get_i32();
+                            values.push(
+                                String::from_utf8_lossy(&body[..l.max(0) as usize]).into_owned(),
+                            );
+                            body.advance(l.max(0) as usize);
+                        }
+                    }
+                }
+                if tags.len() < count {
+                    let n = self.stream.read_buf(&mut self.buf).await.unwrap();
+                    assert!(n > 0, "connection closed");
+                }
+            }
+            (tags, values)
         }
 
         /// Sends `messages`, returns the tags and text columns of what came back up to
@@ -719,6 +761,15 @@ async fn unnamed_statements_hit_and_the_server_catches_up_when_needed() {
         .await;
     assert_eq!(tags, vec!['2', 'T', 'D', 'C', 'Z']);
     assert_eq!(values, vec!["two+"]);
+    // Once more from the cache, then a client that drives the unnamed statement with Flush
+    // (answers before any Sync): the restored Parse's ParseComplete is still kept back.
+    let (tags, _) = c.round_trip(&batch("1")).await;
+    assert_eq!(tags, vec!['1', '2', 'T', 'D', 'C', 'Z']);
+    let (tags, values) = c.exchange(&[bind(&["2"]), execute(), flush()], 3).await;
+    assert_eq!(tags, vec!['2', 'D', 'C']);
+    assert_eq!(values, vec!["two+"]);
+    let (tags, _) = c.round_trip(&[sync()]).await;
+    assert_eq!(tags, vec!['Z']);
     // And the next Bind-only batch needs nothing more.
     let (tags, values) = c.round_trip(&[bind(&["1"]), execute(), sync()]).await;
     assert_eq!(tags, vec!['2', 'D', 'C', 'Z']);

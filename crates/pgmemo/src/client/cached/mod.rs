@@ -68,6 +68,17 @@ pub(crate) struct Directive {
     pub swallow_parse_complete: bool,
 }
 
+impl Directive {
+    /// Folds a later directive for the same request into this one.
+    pub(crate) fn merge(&mut self, other: Directive) {
+        self.effects.merge(&other.effects);
+        self.swallow_parse_complete |= other.swallow_parse_complete;
+        if !matches!(other.action, Action::Forward) {
+            self.action = other.action;
+        }
+    }
+}
+
 /// What the two pumps share beyond [`RelayState`]. Both run in one task, so the mutex is never
 /// contended.
 pub(crate) struct Link {
@@ -97,11 +108,14 @@ impl Link {
         }
     }
 
-    pub(crate) fn push(&self, directive: Directive) {
-        self.directives
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(directive);
+    /// Queues a directive, or merges it into the one queued last for the same request (a
+    /// request's directive can be made in two steps: a restored Parse, then its Sync).
+    pub(crate) fn push_or_merge(&self, directive: Directive) {
+        let mut d = self.directives.lock().unwrap_or_else(|e| e.into_inner());
+        match d.back_mut() {
+            Some(last) if last.seq == directive.seq => last.merge(directive),
+            _ => d.push_back(directive),
+        }
     }
 
     fn take(&self, seq: u64) -> Option<Directive> {

@@ -149,9 +149,7 @@ impl Requests<'_> {
                 let frame = self.buf.split_to(len).freeze();
                 let whole = 0..frame.len();
                 if let Some(parse) = self.unnamed_restore(&frame, std::slice::from_ref(&whole)) {
-                    // Its ParseComplete comes with the response to the next Sync.
-                    self.session.swallow_next_parse_complete = true;
-                    send(server, &parse).await?;
+                    self.restore_unnamed(parse, server).await?;
                 }
                 self.extended_passthrough(&frame, pump);
                 if tag == b'S' {
@@ -203,16 +201,8 @@ impl Requests<'_> {
     fn request_sent(&mut self, effects: Effects, action: Action) {
         let seq = self.link.sent.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(seq, ?effects, "request sent");
-        let swallow = std::mem::take(&mut self.session.swallow_next_parse_complete);
-        if swallow {
-            self.link.push(Directive {
-                seq,
-                action,
-                effects,
-                swallow_parse_complete: true,
-            });
-        } else if !effects.is_empty() || !matches!(action, Action::Forward) {
-            self.link.push(Directive {
+        if !effects.is_empty() || !matches!(action, Action::Forward) {
+            self.link.push_or_merge(Directive {
                 seq,
                 action,
                 effects,
@@ -221,6 +211,23 @@ impl Requests<'_> {
         }
         self.st.pending.fetch_add(1, Ordering::Relaxed);
         self.st.unsynced.store(false, Ordering::Relaxed);
+    }
+
+    /// Sends the Parse of the unnamed statement the server is missing, ahead of the messages
+    /// that use it; the response of the request they belong to starts with its ParseComplete,
+    /// which the server pump keeps from the client.
+    async fn restore_unnamed<SW: AsyncWrite + Unpin>(
+        &mut self,
+        parse: Bytes,
+        server: &mut SW,
+    ) -> Result<(), PumpError> {
+        self.link.push_or_merge(Directive {
+            seq: self.link.sent.load(Ordering::Relaxed),
+            action: Action::Forward,
+            effects: Effects::default(),
+            swallow_parse_complete: true,
+        });
+        send(server, &parse).await
     }
 
     /// Whether results may be served and stored right now (at a boundary, status `status`).
@@ -757,8 +764,7 @@ impl Requests<'_> {
             c.query.miss(None);
         }
         if let Some(parse) = self.unnamed_restore(&bytes, &frames) {
-            self.session.swallow_next_parse_complete = true;
-            send(server, &parse).await?;
+            self.restore_unnamed(parse, server).await?;
         }
         self.request_sent(effects, action);
         send(server, &bytes).await

@@ -205,6 +205,14 @@ where
                     }
                     b'S' => link.context_stale.store(true, Ordering::Relaxed),
                     b'Z' if len == 6 => {
+                        // Directives made for this request after its response had begun (its
+                        // Sync came after a Flush-driven answer started) join the one in use.
+                        while let Some(late) = link.take(done) {
+                            match flight.directive.as_mut() {
+                                Some(d) => d.merge(late),
+                                None => flight.directive = Some(late),
+                            }
+                        }
                         let status = frame[5];
                         st.status.store(status, Ordering::Relaxed);
                         let status = TransactionStatus::from_byte(status)

@@ -36,8 +36,6 @@ pub struct CacheSession {
     /// A Parse of the unnamed statement that the client sent in a batch answered from the
     /// cache: the server's unnamed statement is an older one until pgmemo sends this.
     pub unnamed_behind: Option<Bytes>,
-    /// The next request's response starts with a ParseComplete pgmemo caused.
-    pub swallow_next_parse_complete: bool,
     /// The cache is bypassed until the replication feed has applied the WAL up to here (the
     /// session's own writes that only the feed invalidates).
     pub bypass_until_lsn: u64,
@@ -57,7 +55,6 @@ impl CacheSession {
             enabled: true,
             unnamed_behind: None,
             bypass_until_lsn: 0,
-            swallow_next_parse_complete: false,
             key: Vec::with_capacity(256),
             out: Vec::with_capacity(1024),
         }
