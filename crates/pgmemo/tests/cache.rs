@@ -626,6 +626,12 @@ mod raw {
         msg(b'S', b"")
     }
 
+    pub fn query(sql: &str) -> Vec<u8> {
+        let mut b = sql.as_bytes().to_vec();
+        b.push(0);
+        msg(b'Q', &b)
+    }
+
     pub fn flush() -> Vec<u8> {
         msg(b'H', b"")
     }
@@ -874,4 +880,47 @@ async fn prepared_statements_follow_a_table_swapped_in_under_the_same_name() {
         .await
         .unwrap();
     assert_eq!(get(&a, &sa).await, "newer");
+}
+
+#[tokio::test]
+async fn pipelined_requests_mix_hits_and_misses_in_order() {
+    use raw::*;
+    let (_pg, memo, direct) = setup().await;
+    let mut c = Raw::connect(memo.addr()).await;
+    let one = "SELECT v FROM t WHERE id = 1";
+    c.round_trip(&[query(one)]).await;
+    c.round_trip(&[query(one)]).await;
+    direct
+        .batch_execute("UPDATE t SET v = v || '+'")
+        .await
+        .unwrap();
+    // Sent in one write: a miss, a hit, a locking read (not inert: what follows it is not
+    // answered from the cache), and the first query again.
+    let pipeline = [
+        query("SELECT v FROM t WHERE id = 2"),
+        query(one),
+        query("SELECT v FROM t WHERE id = 2 FOR UPDATE"),
+        query(one),
+    ];
+    let mut values = Vec::new();
+    let (tags, v) = c.round_trip(&pipeline).await;
+    assert_eq!(tags, vec!['T', 'D', 'C', 'Z']);
+    values.extend(v);
+    for _ in 0..3 {
+        let (tags, v) = c.round_trip(&[]).await;
+        assert_eq!(tags, vec!['T', 'D', 'C', 'Z']);
+        values.extend(v);
+    }
+    assert_eq!(values, vec!["two+", "one", "two+", "one+"]);
+    let admin = memo.client("postgres", "pgmemo").await;
+    let cache = admin.simple_query("SHOW CACHE").await.unwrap();
+    let hits = cache.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) if r.get(0) == Some("hits") => r.get(1).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(
+        hits.as_deref(),
+        Some("2"),
+        "the second read and the pipelined one"
+    );
 }

@@ -42,6 +42,9 @@ pub(crate) enum Action {
     Capture(Box<Capture>),
     /// Keep it from the client and hand its rows (or `None` on error) to the client pump.
     Internal(tokio::sync::oneshot::Sender<Option<Vec<Row>>>),
+    /// No response comes from the server: a pipelined request answered from the cache. The
+    /// server pump writes these bytes, then ReadyForQuery, when the responses before it are out.
+    Hit(Vec<u8>),
 }
 
 /// A miss whose result is to be stored.
@@ -91,6 +94,11 @@ pub(crate) struct Link {
     pub txn_snapshot: AtomicBool,
     /// Settings in the key may have changed since the context was read.
     pub context_stale: AtomicBool,
+    /// Requests fully answered to the client (their ReadyForQuery written).
+    pub answered: AtomicU64,
+    /// One more than the sequence number of the last request sent that is not an inert read
+    /// (0: none). Pipelined requests may be answered from the cache only once it is answered.
+    pub last_non_inert: AtomicU64,
     /// A commit left writes to the replication feed: the session must learn the WAL position
     /// to wait for before it may use the cache again.
     pub await_feed: AtomicBool,
@@ -105,6 +113,8 @@ impl Link {
             txn_snapshot: AtomicBool::new(false),
             context_stale: AtomicBool::new(true),
             await_feed: AtomicBool::new(false),
+            answered: AtomicU64::new(0),
+            last_non_inert: AtomicU64::new(0),
         }
     }
 
@@ -115,6 +125,21 @@ impl Link {
         match d.back_mut() {
             Some(last) if last.seq == directive.seq => last.merge(directive),
             _ => d.push_back(directive),
+        }
+    }
+
+    /// The bytes of the pipelined hit that answers request `seq`, if that is one.
+    fn take_hit(&self, seq: u64) -> Option<Vec<u8>> {
+        let mut d = self.directives.lock().unwrap_or_else(|e| e.into_inner());
+        if !d
+            .front()
+            .is_some_and(|x| x.seq == seq && matches!(x.action, Action::Hit(_)))
+        {
+            return None;
+        }
+        match d.pop_front().map(|x| x.action) {
+            Some(Action::Hit(bytes)) => Some(bytes),
+            _ => None,
         }
     }
 

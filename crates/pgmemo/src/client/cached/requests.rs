@@ -135,7 +135,10 @@ impl Requests<'_> {
                 self.query(frame, client, server).await?;
             }
             b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => {
-                if self.st.at_boundary() && matches!(tag, b'P' | b'B') {
+                let status = self.st.status();
+                if (self.st.at_boundary() || self.pipelined_hit_allowed(status))
+                    && matches!(tag, b'P' | b'B')
+                {
                     match scan_batch(self.buf, self.max_message) {
                         Batch::Incomplete => return Ok(Step::NeedMore),
                         Batch::Complete(n) => {
@@ -153,7 +156,11 @@ impl Requests<'_> {
                 }
                 self.extended_passthrough(&frame, pump);
                 if tag == b'S' {
-                    self.request_sent(std::mem::take(&mut pump.batch_effects), Action::Forward);
+                    self.request_sent(
+                        std::mem::take(&mut pump.batch_effects),
+                        Action::Forward,
+                        false,
+                    );
                     pump.syncs_since_request += 1;
                 }
                 if tag == b'E' {
@@ -169,7 +176,7 @@ impl Requests<'_> {
                     ..Effects::default()
                 };
                 pump.syncs_since_request = 0;
-                self.request_sent(effects, Action::Forward);
+                self.request_sent(effects, Action::Forward, false);
                 send(server, &frame).await?;
             }
             b'c' | b'f' => {
@@ -198,9 +205,14 @@ impl Requests<'_> {
     }
 
     /// Notes a request that a ReadyForQuery will answer, with its directive.
-    fn request_sent(&mut self, effects: Effects, action: Action) {
+    /// `inert`: the request is a read that cannot change the transaction, the settings or
+    /// any data (a cacheable SELECT, or one of pgmemo's own queries).
+    fn request_sent(&mut self, effects: Effects, action: Action, inert: bool) {
         let seq = self.link.sent.fetch_add(1, Ordering::Relaxed);
-        tracing::trace!(seq, ?effects, "request sent");
+        tracing::trace!(seq, ?effects, inert, "request sent");
+        if !inert {
+            self.link.last_non_inert.store(seq + 1, Ordering::Relaxed);
+        }
         if !effects.is_empty() || !matches!(action, Action::Forward) {
             self.link.push_or_merge(Directive {
                 seq,
@@ -228,6 +240,18 @@ impl Requests<'_> {
             swallow_parse_complete: true,
         });
         send(server, &parse).await
+    }
+
+    /// Whether a request sent before the previous answers arrived may still be answered from
+    /// the cache (in order, by the server pump): every earlier request that is not an inert
+    /// read has been answered, so the transaction status (idle) and the settings it will run
+    /// under are the ones known now, and nothing is half-sent.
+    fn pipelined_hit_allowed(&self, status: TransactionStatus) -> bool {
+        status == TransactionStatus::Idle
+            && !self.st.unsynced.load(Ordering::Relaxed)
+            && !self.st.client_mid_message.load(Ordering::Relaxed)
+            && self.link.last_non_inert.load(Ordering::Relaxed)
+                <= self.link.answered.load(Ordering::Relaxed)
     }
 
     /// Whether results may be served and stored right now (at a boundary, status `status`).
@@ -341,7 +365,7 @@ impl Requests<'_> {
         sql: &str,
     ) -> Result<Option<Vec<catalog::Row>>, PumpError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.request_sent(Effects::default(), Action::Internal(tx));
+        self.request_sent(Effects::default(), Action::Internal(tx), true);
         send(server, &wire::frontend::query(sql)).await?;
         Ok(rx.await.ok().flatten())
     }
@@ -353,6 +377,7 @@ impl Requests<'_> {
         status: TransactionStatus,
         prefix: &[u8],
         describe: bool,
+        pipelined: bool,
     ) -> Result<bool, PumpError> {
         let cache = &self.shared.cache;
         let Some(entry) = cache.store.get(&self.session.key) else {
@@ -361,15 +386,26 @@ impl Requests<'_> {
         if !entry.is_servable(Instant::now) || (describe && entry.description.is_none()) {
             return Ok(false);
         }
-        let out = &mut self.session.out;
-        out.clear();
-        out.extend_from_slice(prefix);
-        if let Some(d) = entry.description.as_ref().filter(|_| describe) {
-            out.extend_from_slice(d);
-        }
-        out.extend_from_slice(&entry.rows);
-        out.extend_from_slice(&[b'Z', 0, 0, 0, 5, status.as_byte()]);
-        {
+        if pipelined {
+            // Pipelined: the server pump answers it in order, after the responses before it.
+            let mut bytes = Vec::with_capacity(
+                prefix.len() + entry.rows.len() + entry.description.as_ref().map_or(0, Bytes::len),
+            );
+            bytes.extend_from_slice(prefix);
+            if let Some(d) = entry.description.as_ref().filter(|_| describe) {
+                bytes.extend_from_slice(d);
+            }
+            bytes.extend_from_slice(&entry.rows);
+            self.request_sent(Effects::default(), Action::Hit(bytes), true);
+        } else {
+            let out = &mut self.session.out;
+            out.clear();
+            out.extend_from_slice(prefix);
+            if let Some(d) = entry.description.as_ref().filter(|_| describe) {
+                out.extend_from_slice(d);
+            }
+            out.extend_from_slice(&entry.rows);
+            out.extend_from_slice(&[b'Z', 0, 0, 0, 5, status.as_byte()]);
             let mut w = client.lock().await;
             w.write_all(out).await.map_err(PumpError::Client)?;
             w.flush().await.map_err(PumpError::Client)?;
@@ -417,9 +453,14 @@ impl Requests<'_> {
         } else {
             Err(Refusal::Pipelined)
         };
-        if usable.is_ok() && self.session.start_key(b'Q').is_some() {
+        let may_hit = usable.is_ok()
+            || (!at_boundary && self.pipelined_hit_allowed(status) && self.usable(status).is_ok());
+        if may_hit && self.session.start_key(b'Q').is_some() {
             self.session.key.extend_from_slice(text);
-            if self.try_hit(client, status, b"", true).await? {
+            if self
+                .try_hit(client, status, b"", true, !at_boundary)
+                .await?
+            {
                 return Ok(());
             }
         }
@@ -450,7 +491,8 @@ impl Requests<'_> {
                 .fetch_add(1, Ordering::Relaxed);
             plan.query.miss(None);
         }
-        self.request_sent(plan.effects.clone(), action);
+        let inert = plan.read.is_ok() && plan.effects.is_empty() && !time_literal;
+        self.request_sent(plan.effects.clone(), action, inert);
         send(server, &frame).await
     }
 
@@ -511,7 +553,11 @@ impl Requests<'_> {
                     .fetch_add(1, Ordering::Relaxed);
                 self.session.key.clear();
                 self.session.key.extend_from_slice(&capture.key);
-                if self.try_hit(client, status, prefix, describe).await? {
+                // Single flight happens at a boundary: answer directly.
+                if self
+                    .try_hit(client, status, prefix, describe, false)
+                    .await?
+                {
                     return Ok(None);
                 }
                 Ok(Some(capture))
@@ -609,15 +655,30 @@ impl Requests<'_> {
         CW: AsyncWrite + Unpin,
         SW: AsyncWrite + Unpin,
     {
-        self.refresh_context(server).await?;
-        self.note_feed_position(server).await?;
+        let at_boundary = self.st.at_boundary();
+        if at_boundary {
+            self.refresh_context(server).await?;
+            self.note_feed_position(server).await?;
+        }
         let status = self.st.status();
         let frames = split_frames(&bytes);
         let shape = cacheable_shape(&bytes, &frames);
-        let usable = self.usable(status);
+        // Pipelined batches may be answered from the cache but are neither planned with the
+        // catalog nor stored.
+        let usable = if at_boundary || self.pipelined_hit_allowed(status) {
+            self.usable(status)
+        } else {
+            Err(Refusal::Pipelined)
+        };
+        let hit_usable = usable;
+        let usable = if at_boundary {
+            usable
+        } else {
+            Err(Refusal::Pipelined)
+        };
         // Hit: Bind [Describe] Execute Sync on a statement prepared earlier, or the same after
         // a Parse of the unnamed statement (which the server then gets only when needed).
-        if let (Some(s), Ok(())) = (&shape, usable) {
+        if let (Some(s), Ok(())) = (&shape, hit_usable) {
             let unnamed_parse = s.parse && {
                 let p = &bytes[frames[0].clone()];
                 parse_message(&p[5..]).is_some_and(|m| m.name.is_empty())
@@ -645,7 +706,10 @@ impl Requests<'_> {
                         if self.session.start_key(b'E').is_some() {
                             self.session.key.extend_from_slice(&identity);
                             self.session.key.extend_from_slice(b.tail);
-                            if self.try_hit(client, status, prefix, s.describe).await? {
+                            if self
+                                .try_hit(client, status, prefix, s.describe, !at_boundary)
+                                .await?
+                            {
                                 if unnamed_parse {
                                     self.session.unnamed_behind =
                                         Some(bytes.slice(frames[0].clone()));
@@ -658,8 +722,9 @@ impl Requests<'_> {
             }
         }
         // Miss or not cacheable: track every message, plan the executed statements.
-        let can_ask = status != TransactionStatus::Failed;
+        let can_ask = at_boundary && status != TransactionStatus::Failed;
         let mut effects = Effects::default();
+        let mut read_ok = false;
         let mut capture = None;
         for r in &frames {
             let frame = bytes.slice(r.clone());
@@ -702,6 +767,7 @@ impl Requests<'_> {
             };
             effects.merge(&plan.effects);
             self.apply_statement_changes(&plan);
+            read_ok = plan.read.is_ok() && !time_literal;
             if shape.is_some() {
                 let bind =
                     &bytes[frames[usize::from(shape.as_ref().is_some_and(|s| s.parse))].clone()];
@@ -748,8 +814,12 @@ impl Requests<'_> {
                     .await?
                 {
                     Some(c) => Action::Capture(c),
-                    // Answered from the entry another session just stored.
-                    None => return Ok(()),
+                    // Answered from the entry another session just stored; the batch's
+                    // messages were noted but never sent.
+                    None => {
+                        self.st.unsynced.store(false, Ordering::Relaxed);
+                        return Ok(());
+                    }
                 }
             }
             Some(c) => Action::Capture(c),
@@ -766,7 +836,8 @@ impl Requests<'_> {
         if let Some(parse) = self.unnamed_restore(&bytes, &frames) {
             self.restore_unnamed(parse, server).await?;
         }
-        self.request_sent(effects, action);
+        let inert = shape.is_some() && read_ok && effects.is_empty();
+        self.request_sent(effects, action, inert);
         send(server, &bytes).await
     }
 

@@ -221,13 +221,32 @@ where
                         answered += 1;
                         done += 1;
                         flight = InFlight::default();
+                        // Pipelined requests answered from the cache come right after.
+                        if let Some(first) = link.take_hit(done) {
+                            write(&mut *writer, &buf[fwd_start..pos + len]).await?;
+                            fwd_start = pos + len;
+                            let mut hit = Some(first);
+                            while let Some(bytes) = hit {
+                                write_hit(&mut *writer, &bytes, frame_status(st)).await?;
+                                answered += 1;
+                                done += 1;
+                                hit = link.take_hit(done);
+                            }
+                        }
                     }
                     _ => {}
                 }
                 pos += len;
             }
             write(&mut *writer, &buf[fwd_start..pos]).await?;
+            // Hits queued while this pump was writing.
+            while let Some(bytes) = link.take_hit(done) {
+                write_hit(&mut *writer, &bytes, frame_status(st)).await?;
+                answered += 1;
+                done += 1;
+            }
             drop(writer);
+            link.answered.store(done, Ordering::Relaxed);
             buf.advance(pos);
             if answered > 0 {
                 let left = st.pending.load(Ordering::Relaxed).saturating_sub(answered);
@@ -266,6 +285,23 @@ fn start_filling(flight: &mut InFlight, d: Directive) {
         effects,
         swallow_parse_complete,
     });
+}
+
+fn frame_status(st: &RelayState) -> u8 {
+    st.status.load(Ordering::Relaxed)
+}
+
+/// Writes a pipelined hit's bytes and its ReadyForQuery.
+async fn write_hit<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    status: u8,
+) -> Result<(), PumpError> {
+    w.write_all(bytes).await.map_err(PumpError::Client)?;
+    w.write_all(&[b'Z', 0, 0, 0, 5, status])
+        .await
+        .map_err(PumpError::Client)?;
+    w.flush().await.map_err(PumpError::Client)
 }
 
 async fn write<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8]) -> Result<(), PumpError> {
