@@ -152,6 +152,13 @@ async fn a_direct_write_invalidates_a_cached_read_within_a_second() {
     .await;
     let staleness = committed.elapsed();
     assert!(staleness < Duration::from_secs(1), "{staleness:?}");
+    // The feed measured the commit's staleness too.
+    let measured = memo.handle().shared().feeds.staleness.snapshot();
+    assert!(measured.count >= 1, "{measured:?}");
+    assert!(
+        measured.sum_micros < 1_000_000 * measured.count,
+        "{measured:?}"
+    );
     // And the fresh value is cached again.
     assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("uno"));
     memo.shutdown().await;
@@ -414,4 +421,221 @@ async fn ddl_made_directly_reaches_the_cache_through_the_event_trigger() {
     )
     .await;
     memo.shutdown().await;
+}
+
+/// `SHOW CACHE`'s `invalidation_feed` row through the admin console.
+async fn show_cache_feed(memo: &PgmemoInstance) -> Option<String> {
+    let (admin, conn) =
+        tokio_postgres::connect(&memo.url("postgres", "pgmemo"), tokio_postgres::NoTls)
+            .await
+            .expect("admin console");
+    tokio::spawn(conn);
+    let rows = admin.simple_query("SHOW CACHE").await.unwrap();
+    rows.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) if r.get("name") == Some("invalidation_feed") => {
+            r.get("value").map(str::to_owned)
+        }
+        _ => None,
+    })
+}
+
+#[tokio::test]
+async fn an_fk_cascade_invalidates_the_child_table() {
+    let pg = cluster().await;
+    pg.psql(
+        "CREATE TABLE parent (id int PRIMARY KEY);
+         CREATE TABLE child (id int PRIMARY KEY,
+                             parent int REFERENCES parent ON DELETE CASCADE);
+         INSERT INTO parent VALUES (1), (2);
+         INSERT INTO child VALUES (10, 1), (20, 2);",
+    )
+    .await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT count(*) FROM child";
+    assert_eq!(first(&c, q).await.as_deref(), Some("2"));
+    wait_live(&memo, None).await;
+    assert_eq!(
+        show_cache_feed(&memo).await.as_deref(),
+        Some("postgres=live")
+    );
+
+    // Directly on PostgreSQL.
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("2"));
+    direct
+        .batch_execute("DELETE FROM parent WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(1),
+        "the cascaded delete via pgmemo",
+        || async { first(&c, q).await.as_deref() == Some("1") },
+    )
+    .await;
+
+    // Through pgmemo, from another session.
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("1"));
+    let writer = memo.client("postgres", "postgres").await;
+    writer
+        .batch_execute("DELETE FROM parent WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(first(&writer, q).await.as_deref(), Some("0"));
+    assert_eventually(
+        Duration::from_secs(1),
+        "the cascaded delete via pgmemo",
+        || async { first(&c, q).await.as_deref() == Some("0") },
+    )
+    .await;
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_volatile_function_called_by_select_invalidates_what_it_wrote() {
+    let pg = cluster().await;
+    pg.psql(
+        "CREATE TABLE b (id int PRIMARY KEY, n int);
+         INSERT INTO b VALUES (1, 0);
+         CREATE FUNCTION bump_b() RETURNS int VOLATILE LANGUAGE plpgsql AS
+           $$ BEGIN UPDATE b SET n = n + 1; RETURN 0; END $$;",
+    )
+    .await;
+    let memo = pgmemo_for(&pg).await;
+    let writer = memo.client("postgres", "postgres").await;
+    let reader = memo.client("postgres", "postgres").await;
+    let q = "SELECT n FROM b";
+    assert_eq!(first(&reader, q).await.as_deref(), Some("0"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &reader, q).await.as_deref(), Some("0"));
+    assert_eq!(cached(&memo, &writer, q).await.as_deref(), Some("0"));
+    writer.batch_execute("SELECT bump_b()").await.unwrap();
+    // The calling session sees its write at once.
+    assert_eq!(first(&writer, q).await.as_deref(), Some("1"));
+    assert_eventually(
+        Duration::from_secs(1),
+        "the function's write via another session",
+        || async { first(&reader, q).await.as_deref() == Some("1") },
+    )
+    .await;
+    memo.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_write_through_one_pgmemo_invalidates_another_instance() {
+    let pg = cluster().await;
+    let one = pgmemo_for(&pg).await;
+    let two = pgmemo_for(&pg).await;
+    let c1 = one.client("postgres", "postgres").await;
+    let c2 = two.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c1, q).await.as_deref(), Some("one"));
+    assert_eq!(first(&c2, q).await.as_deref(), Some("one"));
+    let slot1 = wait_live(&one, None).await;
+    let slot2 = wait_live(&two, None).await;
+    assert_ne!(slot1, slot2);
+    assert_eq!(cached(&two, &c2, q).await.as_deref(), Some("one"));
+    c1.batch_execute("UPDATE t SET v = 'uno' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(1),
+        "instance two serves the fresh value",
+        || async { first(&c2, q).await.as_deref() == Some("uno") },
+    )
+    .await;
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_postgres_restart_under_load_serves_nothing_stale_and_recovers() {
+    let pg = cluster().await;
+    let memo = Arc::new(pgmemo_for(&pg).await);
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("one"));
+    drop(c);
+
+    // Readers that reconnect whenever their connection is cut.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let memo = Arc::clone(&memo);
+        let stop = stop.clone();
+        readers.push(tokio::spawn(async move {
+            let mut ok = 0u64;
+            while !stop.is_cancelled() {
+                let Ok(c) = memo.try_client("postgres", "postgres").await else {
+                    tokio::task::yield_now().await;
+                    continue;
+                };
+                while !stop.is_cancelled() {
+                    match c.simple_query(q).await {
+                        Ok(_) => ok += 1,
+                        Err(_) => break,
+                    }
+                }
+            }
+            ok
+        }));
+    }
+    pg.restart().await.expect("restart");
+    let direct = pg.client("postgres", "postgres").await;
+    direct
+        .batch_execute("UPDATE t SET v = 'uno' WHERE id = 1")
+        .await
+        .unwrap();
+    let c = eventually_some(LIVE_DEADLINE, || async {
+        memo.try_client("postgres", "postgres").await.ok()
+    })
+    .await
+    .expect("pgmemo accepts clients again");
+    // From the direct write on, no read returns the old value, until and after the feed is live.
+    let fresh_until_live = async {
+        loop {
+            match c.simple_query(q).await {
+                Ok(rows) => {
+                    let v = rows.iter().find_map(|m| match m {
+                        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                        _ => None,
+                    });
+                    assert_eq!(v.as_deref(), Some("uno"), "stale read");
+                }
+                Err(e) => panic!("read after restart: {e}"),
+            }
+            if feed(&memo).is_some_and(|f| f.state() == FeedState::Live) {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(LIVE_DEADLINE, fresh_until_live)
+        .await
+        .expect("the feed comes back");
+    stop.cancel();
+    for r in readers {
+        assert!(r.await.unwrap() > 0, "every reader read");
+    }
+    assert_eq!(
+        show_cache_feed(&memo).await.as_deref(),
+        Some("postgres=live")
+    );
+    assert_eq!(first(&c, q).await.as_deref(), Some("uno"));
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("uno"));
+    direct
+        .batch_execute("UPDATE t SET v = 'eins' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(1),
+        "the new stream invalidates",
+        || async { first(&c, q).await.as_deref() == Some("eins") },
+    )
+    .await;
+    drop(c);
+    if let Ok(memo) = Arc::try_unwrap(memo) {
+        memo.shutdown().await;
+    }
 }

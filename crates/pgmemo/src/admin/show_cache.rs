@@ -44,10 +44,29 @@ pub fn show_cache(shared: &Shared) -> Table {
         n(s.catalog_lookups.load(Ordering::Relaxed)),
     );
     row("saved_ms", n(s.saved_micros.load(Ordering::Relaxed) / 1000));
+    row("invalidation_feed", Some(feed_states(shared)));
     for (reason, count) in s.refusals() {
         row(&format!("refused_{reason}"), n(count));
     }
     t
+}
+
+/// The state of every replication feed as `db=state`, comma-separated, in start order;
+/// `not_used` when no feed was started (`invalidation = proxy | ttl`, or nothing used yet), so
+/// an operator sees at a glance whether the cache is failing closed.
+fn feed_states(shared: &Shared) -> String {
+    let feeds = shared.feeds.all();
+    if feeds.is_empty() {
+        return crate::cache::feed::FeedState::NotUsed.name().to_owned();
+    }
+    feeds
+        .iter()
+        .map(|f| {
+            let db = f.db.name.rsplit('/').next().unwrap_or(&f.db.name);
+            format!("{db}={}", f.state().name())
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// `SHOW QUERIES`: per statement shape.

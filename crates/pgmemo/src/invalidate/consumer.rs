@@ -33,6 +33,8 @@ pub struct Effect {
     pub reply_now: bool,
     /// A transaction's Commit was processed.
     pub committed: bool,
+    /// That Commit's time on the upstream (µs since 2000-01-01), for the staleness histogram.
+    pub commit_time: Option<i64>,
 }
 
 /// Follows one stream from its start position.
@@ -106,6 +108,7 @@ impl Consumer {
                 effect.invalidate = oids;
                 effect.flush_database = std::mem::take(&mut self.ddl);
                 effect.committed = true;
+                effect.commit_time = Some(c.commit_time);
                 let end = c.end_lsn.max(c.commit_lsn);
                 if end > self.applied {
                     self.applied = end;

@@ -72,6 +72,10 @@ pub struct Feeds {
     /// server must not collide.
     instance: u64,
     next_slot: AtomicU64,
+    /// Time from a commit on the upstream to the moment its invalidation was applied (entries
+    /// it made stale are no longer served), for every commit that invalidated something. Based
+    /// on the upstream's commit timestamp and this host's clock, so clock skew is included.
+    pub staleness: crate::metrics::Histogram,
 }
 
 impl Default for Feeds {
@@ -81,6 +85,7 @@ impl Default for Feeds {
             list: Mutex::new(Vec::new()),
             instance: rand::random::<u64>() & 0xFFFF_FFFF,
             next_slot: AtomicU64::new(1),
+            staleness: crate::metrics::Histogram::default(),
         }
     }
 }

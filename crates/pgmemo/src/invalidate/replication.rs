@@ -206,6 +206,11 @@ fn apply(shared: &Shared, status: &FeedStatus, effect: &Effect) {
     if effect.committed {
         status.count_transaction();
     }
+    if let Some(commit_time) = effect.commit_time {
+        if effect.flush_database || !effect.invalidate.is_empty() {
+            shared.feeds.staleness.observe(micros_since(commit_time));
+        }
+    }
     // Only after the invalidations: a session waiting for this LSN (read-your-writes) must not
     // find the old entries still fresh.
     if let Some(lsn) = effect.applied {
@@ -227,4 +232,11 @@ async fn send_status(conn: &mut ServerConn, consumer: &Consumer) -> Result<Lsn, 
     update.encode(&mut out);
     conn.send(&out).await?;
     Ok(applied)
+}
+
+/// Microseconds from `pg_time` (the upstream's clock, µs since 2000-01-01) to now on this
+/// host's clock; 0 when the upstream's clock is ahead.
+fn micros_since(pg_time: i64) -> u64 {
+    let now = wire::replication::system_to_pg_time(std::time::SystemTime::now());
+    u64::try_from(now.saturating_sub(pg_time)).unwrap_or(0)
 }

@@ -267,6 +267,12 @@ fn replication(page: &mut Exposition, shared: &Shared) {
             f.lag_bytes(),
         );
     }
+    page.histogram_seconds(
+        "pgmemo_replication_staleness_seconds",
+        "Time from a commit on the upstream to pgmemo no longer serving the entries it \
+         invalidated (upstream commit time to local clock: clock skew included).",
+        &shared.feeds.staleness.snapshot(),
+    );
     page.family(
         "pgmemo_replication_reconnects_total",
         Kind::Counter,
@@ -328,7 +334,7 @@ mod tests {
         let families = page.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = page.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(families, helps);
-        assert_eq!(families, 10 + 4 + 1 + 9 + 3 + 2 + 3 + 1, "{page}");
+        assert_eq!(families, 10 + 4 + 1 + 9 + 3 + 2 + 4 + 1, "{page}");
         assert_eq!(
             page.matches("pgmemo_cache_refusals_total{").count(),
             Refusal::ALL.len(),
