@@ -152,35 +152,50 @@ impl Pumps<'_> {
         SW: AsyncWrite + Unpin,
     {
         let st = self.st;
-        let fatal = || st.server_fatal.load(Ordering::Relaxed);
         // Fixed polling order: each branch is a loop that runs for the whole session, so
         // select!'s random start (a thread-local RNG draw per wake-up) buys no fairness here.
         tokio::select! {
             biased;
-            r = client_to_server(cr, self.client_buf, sw, st, self.max_message) => match r {
-                Ok(true) => End::ClientTerminated,
-                Ok(false) => End::ClientGone(None),
-                Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
-                Err(PumpError::Protocol(e)) => End::ClientProtocol(e),
-                Err(PumpError::Server(e)) => {
-                    tracing::debug!(error = %e, "writing to server failed");
-                    End::ServerGone { fatal_forwarded: fatal() }
-                }
-            },
-            r = server_to_client(sr, self.server_buf, cw, st) => match r {
-                Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
-                Err(PumpError::Server(e)) => {
-                    tracing::debug!(error = %e, "reading from server failed");
-                    End::ServerGone { fatal_forwarded: fatal() }
-                }
-                Err(PumpError::Protocol(e)) => {
-                    tracing::warn!(error = %e, "invalid data from server");
-                    End::ServerGone { fatal_forwarded: fatal() }
-                }
-                Ok(()) => End::ServerGone { fatal_forwarded: fatal() },
-            },
+            r = client_to_server(cr, self.client_buf, sw, st, self.max_message) => {
+                client_pump_end(r, st)
+            }
+            r = server_to_client(sr, self.server_buf, cw, st) => server_pump_end(r, st),
             _ = Quiet::new(shutdown_when_idle(st, shared)) => End::Shutdown,
         }
+    }
+}
+
+/// How a session ended when its client pump stopped (`Ok(true)`: Terminate, `Ok(false)`: EOF).
+/// Shared by the pass-through and the caching relay.
+pub(crate) fn client_pump_end(r: Result<bool, PumpError>, st: &RelayState) -> End {
+    match r {
+        Ok(true) => End::ClientTerminated,
+        Ok(false) => End::ClientGone(None),
+        Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
+        Err(PumpError::Protocol(e)) => End::ClientProtocol(e),
+        Err(PumpError::Server(e)) => {
+            tracing::debug!(error = %e, "writing to server failed");
+            End::ServerGone {
+                fatal_forwarded: st.server_fatal.load(Ordering::Relaxed),
+            }
+        }
+    }
+}
+
+/// How a session ended when its server pump stopped.
+pub(crate) fn server_pump_end(r: Result<(), PumpError>, st: &RelayState) -> End {
+    let fatal_forwarded = st.server_fatal.load(Ordering::Relaxed);
+    match r {
+        Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
+        Err(PumpError::Server(e)) => {
+            tracing::debug!(error = %e, "reading from server failed");
+            End::ServerGone { fatal_forwarded }
+        }
+        Err(PumpError::Protocol(e)) => {
+            tracing::warn!(error = %e, "invalid data from server");
+            End::ServerGone { fatal_forwarded }
+        }
+        Ok(()) => End::ServerGone { fatal_forwarded },
     }
 }
 

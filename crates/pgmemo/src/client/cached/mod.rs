@@ -16,7 +16,7 @@ mod responses;
 mod session;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -227,8 +227,6 @@ where
     SR: AsyncRead + Unpin,
     SW: AsyncWrite + Unpin,
 {
-    use super::relay::PumpError;
-    let fatal = || st.server_fatal.load(Ordering::Relaxed);
     let db = Arc::clone(&session.db);
     let requests = requests::Requests {
         buf: client_buf,
@@ -240,28 +238,10 @@ where
     };
     tokio::select! {
         biased;
-        r = requests.run(cr, cw, sw) => match r {
-            Ok(true) => End::ClientTerminated,
-            Ok(false) => End::ClientGone(None),
-            Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
-            Err(PumpError::Protocol(e)) => End::ClientProtocol(e),
-            Err(PumpError::Server(e)) => {
-                tracing::debug!(error = %e, "writing to server failed");
-                End::ServerGone { fatal_forwarded: fatal() }
-            }
-        },
-        r = responses::run(sr, server_buf, cw, st, link, shared, &db) => match r {
-            Err(PumpError::Client(e)) => End::ClientGone(Some(e)),
-            Err(PumpError::Server(e)) => {
-                tracing::debug!(error = %e, "reading from server failed");
-                End::ServerGone { fatal_forwarded: fatal() }
-            }
-            Err(PumpError::Protocol(e)) => {
-                tracing::warn!(error = %e, "invalid data from server");
-                End::ServerGone { fatal_forwarded: fatal() }
-            }
-            Ok(()) => End::ServerGone { fatal_forwarded: fatal() },
-        },
+        r = requests.run(cr, cw, sw) => super::relay::client_pump_end(r, st),
+        r = responses::run(sr, server_buf, cw, st, link, shared, &db) => {
+            super::relay::server_pump_end(r, st)
+        }
         _ = super::quiet::Quiet::new(super::relay::shutdown_when_idle(st, shared)) => End::Shutdown,
     }
 }
