@@ -62,8 +62,12 @@ fn flags_override_defaults() {
 }
 
 #[test]
-fn transaction_pooling_is_refused_clearly() {
+fn transaction_pooling_is_accepted_and_a_bad_mode_refused() {
     let out = pgmemo(&["--pool-mode", "transaction", "--check"]);
+    assert!(out.status.success(), "{out:?}");
+    let config = String::from_utf8_lossy(&out.stdout);
+    assert!(config.contains("pool_mode = \"transaction\""), "{config}");
+    let out = pgmemo(&["--pool-mode", "statement", "--check"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("pool_mode"), "{err}");

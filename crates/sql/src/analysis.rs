@@ -57,6 +57,15 @@ pub struct StatementInfo {
     pub select_into: bool,
     /// `TABLESAMPLE` appears: results differ from run to run unless `REPEATABLE` pins the seed.
     pub tablesample: bool,
+    /// The statement creates a temporary table, view or sequence that outlives its transaction
+    /// (`CREATE TEMP TABLE`, `CREATE TEMP TABLE ... AS`, `SELECT ... INTO TEMP`,
+    /// `CREATE TEMP VIEW`, `CREATE TEMP SEQUENCE`, or any of them naming the `pg_temp` schema),
+    /// unless it is `ON COMMIT DROP`; `ON COMMIT DELETE ROWS` keeps the table. Such a relation is
+    /// session state: under transaction pooling the client must stay on its server connection.
+    /// `PREPARE` and `EXPLAIN` report their statement's value. Read from the text alone: a plain
+    /// `CREATE TABLE` also makes a temporary table when `search_path` puts `pg_temp` first, which
+    /// only the session's settings tell.
+    pub session_temp_table: bool,
 }
 
 /// A relation name as written in the statement, identifiers already case-folded (or kept, when

@@ -7,6 +7,7 @@ use pg_query::NodeRef;
 
 use crate::analysis::{FunctionName, RelationName, SqlValueFunction};
 use crate::children::for_each_child;
+use crate::temp;
 use crate::text::name_parts;
 
 /// What a relation met during the walk means at that point of the tree.
@@ -31,6 +32,7 @@ pub(crate) struct Collector {
     pub data_modifying_cte: bool,
     pub select_into: bool,
     pub tablesample: bool,
+    pub session_temp_table: bool,
     /// Names of the CTEs in scope at the current point of the walk, innermost last.
     ctes: Vec<String>,
 }
@@ -60,9 +62,24 @@ impl Collector {
             // `FOR UPDATE OF a` names FROM items (aliases), not relations.
             NodeRef::LockingClause(_) => self.locking = true,
             NodeRef::IntoClause(into) => {
+                self.session_temp_table |= temp::into(into);
                 if let Some(rel) = &into.rel {
                     self.relation(rel, Role::Write);
                 }
+            }
+            // Temporary relations are flagged wherever they appear; PostgreSQL rejects the nested
+            // forms (`CREATE SCHEMA s CREATE TEMP TABLE ...`), so erring is harmless.
+            NodeRef::CreateStmt(s) => {
+                self.session_temp_table |= temp::table(s);
+                self.children(node, role);
+            }
+            NodeRef::ViewStmt(s) => {
+                self.session_temp_table |= temp::relation(s.view.as_ref());
+                self.children(node, role);
+            }
+            NodeRef::CreateSeqStmt(s) => {
+                self.session_temp_table |= temp::relation(s.sequence.as_ref());
+                self.children(node, role);
             }
             NodeRef::RangeTableSample(_) => {
                 self.tablesample = true;

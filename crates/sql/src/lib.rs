@@ -10,7 +10,9 @@
 //!
 //! Layout: [`analyze`] parses, then per statement `statement` classifies it, `collect` walks its
 //! tree through the generated `children` table and `source` finds its boundaries; `set` and
-//! `transaction` read session commands; `stats` gives query identity for statistics.
+//! `transaction` read session commands; `temp` spots temporary relations; `stats` gives query
+//! identity for statistics. [`may_affect_session`] is a parser-free prefilter that tells when a
+//! query string needs the full analysis to track session state.
 
 mod analysis;
 mod children;
@@ -18,17 +20,20 @@ mod collect;
 mod cursor;
 mod error;
 mod kind;
+mod prefilter;
 mod set;
 mod shape;
 mod source;
 mod statement;
 mod stats;
+mod temp;
 mod text;
 mod transaction;
 
 pub use analysis::{Analysis, FunctionName, RelationName, SqlValueFunction, StatementInfo};
 pub use error::SqlError;
 pub use kind::{DiscardKind, StatementKind};
+pub use prefilter::may_affect_session;
 pub use set::{SetCommand, SetValue};
 pub use shape::{shape, Shape};
 pub use stats::{fingerprint, normalize};

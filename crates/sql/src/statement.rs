@@ -40,8 +40,18 @@ pub(crate) fn analyze_statement(
         data_modifying_cte,
         select_into,
         tablesample,
+        session_temp_table,
         ..
     } = collector;
+    // PREPARE walks nothing of its own; EXPLAIN walks its statement already. Either way the
+    // wrapper reports what its statement would create, so that one look at the outer
+    // statement is enough.
+    let session_temp_table = session_temp_table
+        || match &kind {
+            StatementKind::Prepare { statement, .. } => statement.session_temp_table,
+            StatementKind::Explain { inner, .. } => inner.session_temp_table,
+            _ => false,
+        };
     Ok(StatementInfo {
         kind,
         text: sql.get(source.clone()).unwrap_or_default().to_owned(),
@@ -54,6 +64,7 @@ pub(crate) fn analyze_statement(
         data_modifying_cte,
         select_into,
         tablesample,
+        session_temp_table,
     })
 }
 

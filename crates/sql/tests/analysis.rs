@@ -16,6 +16,7 @@ struct Case {
     data_modifying_cte: bool,
     select_into: bool,
     tablesample: bool,
+    session_temp_table: bool,
 }
 
 fn case(sql: &'static str, kind: StatementKind) -> Case {
@@ -30,6 +31,7 @@ fn case(sql: &'static str, kind: StatementKind) -> Case {
         data_modifying_cte: false,
         select_into: false,
         tablesample: false,
+        session_temp_table: false,
     }
 }
 
@@ -82,6 +84,12 @@ impl Case {
     fn tablesample(self) -> Self {
         Self {
             tablesample: true,
+            ..self
+        }
+    }
+    fn session_temp_table(self) -> Self {
+        Self {
+            session_temp_table: true,
             ..self
         }
     }
@@ -175,6 +183,11 @@ fn check(case: &Case) -> Vec<String> {
         ),
         ("select_into", stmt.select_into, case.select_into),
         ("tablesample", stmt.tablesample, case.tablesample),
+        (
+            "session_temp_table",
+            stmt.session_temp_table,
+            case.session_temp_table,
+        ),
     ];
     for (name, got, want) in flags {
         expect(name, got == want, got.to_string());
@@ -442,7 +455,8 @@ fn tables_created_from_queries_and_sampling() {
         select("SELECT * INTO TEMP snapshot FROM t")
             .reads(&["t"])
             .writes(&["snapshot"])
-            .select_into(),
+            .select_into()
+            .session_temp_table(),
         case(
             "CREATE TABLE summary AS SELECT k, count(*) FROM t GROUP BY k",
             StatementKind::Ddl,
@@ -529,4 +543,124 @@ fn wrapped_statements_report_like_this() {
         .reads(&["t"])
         .functions(&["random"]),
     ]);
+}
+
+#[test]
+fn temporary_relations_that_outlive_the_transaction() {
+    use StatementKind::Ddl;
+    run(&[
+        case("CREATE TEMP TABLE t (a int)", Ddl)
+            .writes(&["t"])
+            .session_temp_table(),
+        case("create temporary table t()", Ddl)
+            .writes(&["t"])
+            .session_temp_table(),
+        case("CREATE LOCAL TEMP TABLE IF NOT EXISTS t (a int)", Ddl)
+            .writes(&["t"])
+            .session_temp_table(),
+        case("CREATE GLOBAL TEMPORARY TABLE t (a int)", Ddl)
+            .writes(&["t"])
+            .session_temp_table(),
+        // DELETE ROWS empties the table at commit but keeps it; PRESERVE ROWS is the default.
+        case("CREATE TEMP TABLE t (a int) ON COMMIT DELETE ROWS", Ddl)
+            .writes(&["t"])
+            .session_temp_table(),
+        case("CREATE TEMP TABLE t (a int) ON COMMIT PRESERVE ROWS", Ddl)
+            .writes(&["t"])
+            .session_temp_table(),
+        case("CREATE TEMP TABLE t (a int) ON COMMIT DROP", Ddl).writes(&["t"]),
+        case("CREATE TEMP TABLE t AS SELECT * FROM s", Ddl)
+            .reads(&["s"])
+            .writes(&["t"])
+            .session_temp_table(),
+        case("CREATE TEMP TABLE t ON COMMIT DELETE ROWS AS SELECT 1", Ddl)
+            .writes(&["t"])
+            .session_temp_table(),
+        case("CREATE TEMP TABLE t ON COMMIT DROP AS SELECT * FROM s", Ddl)
+            .reads(&["s"])
+            .writes(&["t"]),
+        select("SELECT * INTO TEMPORARY TABLE t FROM s")
+            .reads(&["s"])
+            .writes(&["t"])
+            .select_into()
+            .session_temp_table(),
+        select("SELECT 1 AS a INTO TEMP t UNION SELECT 2")
+            .writes(&["t"])
+            .select_into()
+            .session_temp_table(),
+        select("WITH c AS (SELECT 1) SELECT * INTO TEMP t FROM c")
+            .writes(&["t"])
+            .select_into()
+            .session_temp_table(),
+        case("CREATE TEMP VIEW v AS SELECT * FROM s", Ddl)
+            .reads(&["s"])
+            .writes(&["v"])
+            .session_temp_table(),
+        case("CREATE OR REPLACE TEMPORARY VIEW v AS SELECT 1", Ddl)
+            .writes(&["v"])
+            .session_temp_table(),
+        case("CREATE TEMP SEQUENCE seq", Ddl)
+            .writes(&["seq"])
+            .session_temp_table(),
+        // Naming the temporary schema makes a temporary relation without the keyword.
+        case("CREATE TABLE pg_temp.t (a int)", Ddl)
+            .writes(&["pg_temp.t"])
+            .session_temp_table(),
+        case("CREATE TABLE pg_temp.t (a int) ON COMMIT DROP", Ddl).writes(&["pg_temp.t"]),
+        case("CREATE VIEW pg_temp.v AS SELECT 1", Ddl)
+            .writes(&["pg_temp.v"])
+            .session_temp_table(),
+        case("CREATE SEQUENCE pg_temp.seq", Ddl)
+            .writes(&["pg_temp.seq"])
+            .session_temp_table(),
+        select("SELECT 1 INTO pg_temp.t")
+            .writes(&["pg_temp.t"])
+            .select_into()
+            .session_temp_table(),
+        // Persistent and unlogged relations are not session state.
+        case("CREATE TABLE t (a int)", Ddl).writes(&["t"]),
+        case("CREATE UNLOGGED TABLE t (a int)", Ddl).writes(&["t"]),
+        case("CREATE TABLE t AS SELECT 1", Ddl).writes(&["t"]),
+        select("SELECT 1 INTO t").writes(&["t"]).select_into(),
+        case("CREATE VIEW v AS SELECT 1", Ddl).writes(&["v"]),
+        case("CREATE SEQUENCE seq", Ddl).writes(&["seq"]),
+        case("CREATE TABLE \"PG_TEMP\".t (a int)", Ddl).writes(&["PG_TEMP.t"]),
+        select("SELECT * FROM pg_temp.t").reads(&["pg_temp.t"]),
+        case("DROP TABLE pg_temp.t", Ddl).writes(&["pg_temp.t"]),
+        case(
+            "DISCARD TEMP",
+            StatementKind::Discard(sql::DiscardKind::Temp),
+        ),
+        // Wrappers report their statement's flag.
+        any("EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT * FROM s")
+            .reads(&["s"])
+            .writes(&["t"])
+            .session_temp_table(),
+        any("EXPLAIN SELECT * INTO TEMP t FROM s")
+            .reads(&["s"])
+            .writes(&["t"])
+            .select_into()
+            .session_temp_table(),
+        any("EXPLAIN ANALYZE CREATE TEMP TABLE t ON COMMIT DROP AS SELECT 1").writes(&["t"]),
+        any("PREPARE p AS SELECT * INTO TEMP t FROM s").session_temp_table(),
+        any("PREPARE p AS SELECT * INTO t FROM s"),
+    ]);
+}
+
+/// The inner statement of a wrapper carries the flag too.
+#[test]
+fn wrapped_temporary_relations_are_flagged_inside() {
+    for sql in [
+        "PREPARE p AS SELECT * INTO TEMP t FROM s",
+        "EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1",
+    ] {
+        let analysis = sql::analyze(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        let inner = match &analysis.statements[0].kind {
+            StatementKind::Prepare { statement, .. } => statement,
+            StatementKind::Explain { inner, .. } => inner,
+            other => panic!("{sql}: unexpected kind {other:?}"),
+        };
+        assert!(inner.session_temp_table, "{sql}");
+        assert!(analysis.statements[0].session_temp_table, "{sql}");
+    }
 }

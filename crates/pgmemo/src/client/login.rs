@@ -11,7 +11,7 @@ use wire::startup::StartupMessage;
 
 use super::auth::{authenticate_locally, relay_upstream_auth};
 use super::{ClientConn, ClientError};
-use crate::config::{AuthType, Config};
+use crate::config::{AuthType, Config, PoolMode};
 use crate::pool::{Lease, PoolKey, PoolSettings, ServerConn, ServerCredential};
 use crate::shared::Shared;
 use crate::stats::Stats;
@@ -28,6 +28,13 @@ pub struct Route {
     pub server_params: Vec<(String, String)>,
     /// Hash of `server_params`: pooled connections are shared only between equal startups.
     pub fingerprint: u64,
+    /// Transaction pooling: the client's other startup parameters, which become session
+    /// settings replayed on whichever server connection it uses (servers are opened with
+    /// user and database only, so that every client of the pool can share them).
+    pub client_params: Vec<(String, String)>,
+    /// What pgmemo logs in to the server with when it opens a connection on its own (set by
+    /// [`login`]).
+    pub credential: ServerCredential,
 }
 
 impl Route {
@@ -52,13 +59,17 @@ impl Route {
             ("user".to_owned(), server_user.clone()),
             ("database".to_owned(), database.clone()),
         ];
-        server_params.extend(
-            startup
-                .params
-                .iter()
-                .filter(|(k, _)| k != "user" && k != "database" && !k.starts_with("_pq_."))
-                .cloned(),
-        );
+        let others = startup
+            .params
+            .iter()
+            .filter(|(k, _)| k != "user" && k != "database" && !k.starts_with("_pq_."))
+            .cloned();
+        let mut client_params = Vec::new();
+        if config.pool_mode == PoolMode::Transaction {
+            client_params.extend(others);
+        } else {
+            server_params.extend(others);
+        }
         let mut h = DefaultHasher::new();
         server_params.hash(&mut h);
         Route {
@@ -72,6 +83,8 @@ impl Route {
             password: mapping.and_then(|m| m.password.clone()),
             server_params,
             fingerprint: h.finish(),
+            client_params,
+            credential: ServerCredential::None,
         }
     }
 }
@@ -96,7 +109,7 @@ pub async fn login(
     startup: &StartupMessage,
 ) -> Result<(Route, Lease, ServerConn), ClientError> {
     let config = shared.config();
-    let route = Route::resolve(&config, startup);
+    let mut route = Route::resolve(&config, startup);
     let pool = shared
         .pools
         .get(&route.key, config.pool_size_for(&route.client_database));
@@ -105,6 +118,10 @@ pub async fn login(
     let upstream_tls = shared.upstream_tls.as_ref();
 
     if config.auth_type == AuthType::Upstream {
+        route.credential = match known_password(&config, &route, &shared.userlist()) {
+            Some(p) => ServerCredential::Password(p),
+            None => ServerCredential::None,
+        };
         let mut lease = pool.acquire(wait).await.inspect_err(|_| {
             Stats::bump(&shared.stats.pool_wait_timeouts);
         })?;
@@ -137,6 +154,31 @@ pub async fn login(
         .password
         .clone()
         .or_else(|| same_user.then_some(local.password).flatten())
+        .or_else(|| known_password(&config, &route, &userlist));
+    route.credential = match (password, local.scram_keys) {
+        (Some(p), _) => ServerCredential::Password(p),
+        (None, Some(keys)) if same_user && route.password.is_none() => {
+            ServerCredential::ScramKeys(keys)
+        }
+        _ => ServerCredential::None,
+    };
+    let mut conn = open(shared, &route, upstream_tls).await?;
+    conn.authenticate(&route.key.user, &route.credential)
+        .await?;
+    conn.finish_startup().await?;
+    Ok((route, lease, conn))
+}
+
+/// A password pgmemo holds for the server user: the `[databases]` entry's, a plain userlist
+/// secret, or the upstream URL's when it names the same user.
+fn known_password(
+    config: &Config,
+    route: &Route,
+    userlist: &crate::auth::Userlist,
+) -> Option<String> {
+    route
+        .password
+        .clone()
         .or_else(|| match userlist.get(&route.key.user) {
             Some(crate::auth::Secret::Plain(p)) => Some(p.clone()),
             _ => None,
@@ -145,18 +187,20 @@ pub async fn login(
             (config.upstream.user.as_deref() == Some(route.key.user.as_str()))
                 .then(|| config.upstream.password.clone())
                 .flatten()
-        });
-    let credential = match (password, local.scram_keys) {
-        (Some(p), _) => ServerCredential::Password(p),
-        (None, Some(keys)) if same_user && route.password.is_none() => {
-            ServerCredential::ScramKeys(keys)
-        }
-        _ => ServerCredential::None,
-    };
-    let mut conn = open(shared, &route, upstream_tls).await?;
-    conn.authenticate(&route.key.user, &credential).await?;
+        })
+}
+
+/// Opens and logs in a new server connection for a client that is already authenticated
+/// (transaction pooling opens them as clients need them).
+pub async fn open_authenticated(
+    shared: &Arc<Shared>,
+    route: &Route,
+) -> Result<ServerConn, ClientError> {
+    let mut conn = open(shared, route, shared.upstream_tls.as_ref()).await?;
+    conn.authenticate(&route.key.user, &route.credential)
+        .await?;
     conn.finish_startup().await?;
-    Ok((route, lease, conn))
+    Ok(conn)
 }
 
 async fn open(

@@ -11,6 +11,7 @@ mod relay;
 mod scan;
 mod session;
 mod startup;
+mod transaction;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

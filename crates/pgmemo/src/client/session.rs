@@ -14,6 +14,7 @@ use super::login::{login, pool_settings};
 use super::relay::{self, End};
 use super::startup::{self, Opening};
 use super::{ClientConn, ClientError};
+use crate::config::PoolMode;
 use crate::registry::ClientInfo;
 use crate::shared::Shared;
 use crate::stats::Stats;
@@ -74,6 +75,25 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         }
     };
 
+    let transaction_pooling = shared.config().pool_mode == PoolMode::Transaction;
+    let mut txn_state = None;
+    if transaction_pooling {
+        let prepared = match super::transaction::client_state(&route, &shared.pools.statements) {
+            Ok(state) => super::transaction::prepare_login_server(&state, &mut server)
+                .await
+                .map(|()| state),
+            Err(e) => Err(ClientError::Refused(e)),
+        };
+        match prepared {
+            Ok(state) => txn_state = Some(state),
+            Err(e) => {
+                report(Some(client), &e, peer, &shared).await;
+                lease.return_idle(server, true);
+                return;
+            }
+        }
+    }
+
     let registration = shared.cancels.register();
     registration.slot.set(server.cancel_target());
     let mut hello = BytesMut::with_capacity(512);
@@ -100,6 +120,23 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         connected_at: SystemTime::now(),
         admin: false,
     });
+
+    if let Some(mut state) = txn_state {
+        registration.slot.set(None);
+        lease.return_idle(server, true);
+        let end =
+            super::transaction::run(&mut client, &shared, &route, &mut state, &registration.slot)
+                .await;
+        drop(registration);
+        close_session(&mut client, &end, &shared).await;
+        tracing::info!(
+            %peer, %user, database = %route.client_database,
+            duration_ms = started.elapsed().as_millis() as u64,
+            reason = ?end,
+            "client closed"
+        );
+        return;
+    }
 
     let max_message = shared.config().max_message_size.0;
     let caching = shared.config().cache_on_for(&route.client_database);
@@ -166,6 +203,44 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         reason = ?end,
         "client closed"
     );
+}
+
+/// Tells a transaction-pooled client why its session ends (its server connection was already
+/// given back or closed).
+async fn close_session(client: &mut ClientConn, end: &End, shared: &Shared) {
+    match end {
+        End::ServerGone {
+            fatal_forwarded: false,
+        } => {
+            client
+                .send_error(
+                    &ErrorResponse::fatal(
+                        sqlstate::CONNECTION_FAILURE,
+                        "server closed the connection unexpectedly",
+                    )
+                    .with_hint("The server may have been restarted; reconnect to continue."),
+                )
+                .await;
+        }
+        End::Shutdown => {
+            client
+                .send_error(
+                    &ErrorResponse::fatal(
+                        sqlstate::ADMIN_SHUTDOWN,
+                        "terminating connection due to administrator command",
+                    )
+                    .with_detail("pgmemo is shutting down."),
+                )
+                .await;
+        }
+        End::ClientProtocol(e) => {
+            Stats::bump(&shared.stats.protocol_errors);
+            if let Some(err) = ClientError::Protocol(e.clone()).to_error_response() {
+                client.send_error(&err).await;
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Answers the opening packets of a connection that cannot be served (SSLRequest with 'N',

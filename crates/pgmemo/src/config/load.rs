@@ -24,6 +24,8 @@ const KEYS: &[&str] = &[
     "upstream",
     "pool_mode",
     "pool_size",
+    "max_prepared_statements",
+    "idle_transaction_timeout",
     "max_client_conn",
     "auth_type",
     "auth_file",
@@ -258,10 +260,8 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     };
     require(config.pool_size >= 1, "pool_size must be at least 1".into());
     require(
-        config.pool_mode == PoolMode::Session,
-        "pool_mode = \"transaction\" is not available yet: it needs prepared-statement and \
-         session-setting tracking to be safe; use \"session\""
-            .into(),
+        config.pool_mode == PoolMode::Session || config.max_prepared_statements >= 1,
+        "max_prepared_statements must be at least 1 with pool_mode = \"transaction\"".into(),
     );
     require(
         config.max_client_conn >= 1,
@@ -481,9 +481,20 @@ mod tests {
     }
 
     #[test]
-    fn transaction_pooling_is_refused_until_it_is_safe() {
-        let err = load(&sources(None, &[("PGMEMO_POOL_MODE", "transaction")], "")).unwrap_err();
-        assert!(err.to_string().contains("pool_mode"), "{err}");
+    fn transaction_pooling_needs_room_for_prepared_statements() {
+        let c = load(&sources(None, &[("PGMEMO_POOL_MODE", "transaction")], "")).unwrap();
+        assert_eq!(c.pool_mode, PoolMode::Transaction);
+        assert_eq!(c.max_prepared_statements, 500);
+        let err = load(&sources(
+            None,
+            &[
+                ("PGMEMO_POOL_MODE", "transaction"),
+                ("PGMEMO_MAX_PREPARED_STATEMENTS", "0"),
+            ],
+            "",
+        ))
+        .unwrap_err();
+        assert!(err.to_string().contains("max_prepared_statements"), "{err}");
     }
 
     #[test]

@@ -161,6 +161,12 @@ pub struct Config {
     pub pool_mode: PoolMode,
     /// Server connections per (database, user). Runtime.
     pub pool_size: usize,
+    /// Transaction pooling: statements each server connection keeps prepared for the clients
+    /// it serves (least recently used ones are closed beyond this). Runtime.
+    pub max_prepared_statements: usize,
+    /// Transaction pooling: a client idle inside a transaction for longer than this is
+    /// disconnected, so it cannot hold a server connection forever; 0 means never. Runtime.
+    pub idle_transaction_timeout: Seconds,
     /// Most client connections pgmemo accepts at once. Runtime.
     pub max_client_conn: usize,
     /// How clients authenticate. Runtime.
@@ -235,6 +241,8 @@ impl Default for Config {
             upstream: UpstreamUrl::default(),
             pool_mode: PoolMode::Session,
             pool_size: 20,
+            max_prepared_statements: 500,
+            idle_transaction_timeout: Seconds(Duration::ZERO),
             max_client_conn: 1000,
             auth_type: AuthType::Upstream,
             auth_file: None,

@@ -126,6 +126,21 @@ impl Lease {
         });
     }
 
+    /// Ends a transaction-pooling lease: a connection idle at a boundary goes straight back
+    /// to the pool (its session state is tracked, not reset); anything else is closed.
+    pub fn return_idle(mut self, mut conn: ServerConn, at_boundary: bool) {
+        if !at_boundary || conn.status != TransactionStatus::Idle {
+            self.discard(conn);
+            return;
+        }
+        conn.last_used = Instant::now();
+        self.counted = false;
+        self.pool.state().idle.push_back(conn);
+        if let Some(permit) = self.permit.take() {
+            self.pool.give_back(permit);
+        }
+    }
+
     /// Ends the lease and closes the connection (its server state cannot be trusted).
     pub fn discard(mut self, conn: ServerConn) {
         self.discard_counted();

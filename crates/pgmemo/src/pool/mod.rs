@@ -7,7 +7,9 @@
 //! boundary is closed instead, so no client ever inherits another's transaction or settings.
 
 mod lease;
+mod prepared;
 mod server;
+pub mod settings;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,7 +19,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use lease::{Lease, ReleaseState};
-pub use server::{ServerConn, ServerCredential, ServerError};
+pub use prepared::{
+    ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
+    StatementSource,
+};
+pub use server::{ServerConn, ServerCredential, ServerError, ServerSession};
 
 /// Identifies a pool: the real server, database and user of its connections.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,6 +57,8 @@ pub struct PoolSettings {
 #[derive(Default)]
 pub struct Pools {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    /// Prepared statements of transaction-pooled clients, shared by every pool.
+    pub statements: StatementRegistry,
 }
 
 impl Pools {

@@ -97,6 +97,19 @@ pub struct ServerConn {
     pub status: TransactionStatus,
     pub created: Instant,
     pub last_used: Instant,
+    /// What transaction pooling has left on this connection for the clients it serves.
+    pub session: ServerSession,
+}
+
+/// Session state a transaction-pooled server connection carries between clients: the
+/// statements pgmemo prepared on it, whose unnamed statement it holds, and the settings
+/// pgmemo set on it.
+#[derive(Default)]
+pub struct ServerSession {
+    pub statements: super::ServerStatements,
+    /// `(client tag, parse number)` of the client Parse that made the unnamed statement.
+    pub unnamed: Option<(u64, u64)>,
+    pub settings: super::settings::ServerSettings,
 }
 
 impl ServerConn {
@@ -134,6 +147,7 @@ impl ServerConn {
             status: TransactionStatus::Idle,
             created: Instant::now(),
             last_used: Instant::now(),
+            session: ServerSession::default(),
         };
         let msg = StartupMessage::encode(startup.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         conn.send(&msg).await?;

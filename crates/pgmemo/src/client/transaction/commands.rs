@@ -1,0 +1,467 @@
+//! Session commands under transaction pooling: what a query text means for state that outlives
+//! its transaction. Most texts mean nothing (a cheap prefilter says so without parsing); the
+//! rest are parsed and planned: `SET`s are tracked, SQL-level `PREPARE`/`EXECUTE`/`DEALLOCATE`
+//! are mapped onto pgmemo's server-side statements, `DISCARD ALL` acts on the client's view,
+//! and features that would leak between clients sharing a server (`LISTEN`, `WITH HOLD`
+//! cursors, session advisory locks, temporary tables, `SET ROLE`) are refused.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use sql::{SetCommand, StatementInfo, StatementKind};
+use wire::ErrorResponse;
+
+use crate::pool::settings::{quote_literal, set_sql, SettingChange, TrackedChange};
+use crate::pool::{
+    ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
+    StatementSource,
+};
+
+/// A statement that runs on the server but does nothing; its command tag is replaced by the
+/// one the client expects.
+pub const NO_OP: &str = "DO $pgmemo$BEGIN END$pgmemo$";
+
+/// SQLSTATEs PostgreSQL uses for the errors pgmemo raises in its place.
+const DUPLICATE_PSTATEMENT: &str = "42P05";
+const INVALID_SQL_STATEMENT_NAME: &str = "26000";
+const ACTIVE_SQL_TRANSACTION: &str = "25001";
+
+/// Which protocol carried the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Simple,
+    /// A Parse; `named` for a named statement, which may run much later on another server.
+    Extended {
+        named: bool,
+    },
+}
+
+/// What pgmemo does for each statement once the server answered it.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    None,
+    /// A setting changed (counted when the transaction commits).
+    Setting(TrackedChange),
+    /// Settings changed in a way pgmemo cannot replay (`set_config`).
+    SettingsUnknown,
+    /// A statement was prepared for the client: undone if the statement fails.
+    Prepared {
+        statement: Arc<PreparedStatement>,
+        client_name: String,
+    },
+}
+
+/// One statement's effect and the command tag to show instead of the server's.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub effect: Effect,
+    pub tag: Option<&'static str>,
+}
+
+impl Outcome {
+    fn plain() -> Outcome {
+        Outcome {
+            effect: Effect::None,
+            tag: None,
+        }
+    }
+}
+
+/// Work on the server before the client's statement can run there.
+#[derive(Debug, Clone)]
+pub enum ServerPrep {
+    Create(Arc<PreparedStatement>),
+    Drop(Arc<PreparedStatement>),
+}
+
+/// The plan for one query text.
+#[derive(Debug)]
+pub enum Plan {
+    /// Nothing to do: forward as is.
+    Plain,
+    /// Rewrite, prepare, and track.
+    Tracked {
+        text: Option<String>,
+        outcomes: Vec<Outcome>,
+        prep: Vec<ServerPrep>,
+    },
+    /// Raise this error on the server instead (so the transaction fails as it would have).
+    Refused(ErrorResponse),
+}
+
+/// The state a plan reads and changes.
+pub struct Planner<'a> {
+    pub registry: &'a StatementRegistry,
+    pub client: &'a mut HashMap<String, Arc<PreparedStatement>>,
+    pub server: &'a mut ServerStatements,
+    pub max_prepared: usize,
+    /// The client is inside a transaction block.
+    pub in_block: bool,
+}
+
+impl Planner<'_> {
+    /// Plans `text`. Statements the analysis cannot parse are forwarded as they are: the
+    /// server reports the syntax error.
+    pub fn plan(&mut self, text: &str, protocol: Protocol) -> Plan {
+        if !sql::may_affect_session(text) {
+            return Plan::Plain;
+        }
+        let Ok(analysis) = sql::analyze(text) else {
+            return Plan::Plain;
+        };
+        let many = analysis.statements.len() > 1;
+        let mut outcomes = Vec::with_capacity(analysis.statements.len());
+        let mut prep = Vec::new();
+        let mut pieces: Vec<(std::ops::Range<usize>, String)> = Vec::new();
+        for stmt in &analysis.statements {
+            if let Err(e) = refusal(stmt) {
+                return Plan::Refused(e);
+            }
+            let (outcome, replacement) = match self.statement(stmt, protocol, many, &mut prep) {
+                Ok(v) => v,
+                Err(e) => return Plan::Refused(e),
+            };
+            if let Some(r) = replacement {
+                pieces.push((stmt.source.clone(), r));
+            }
+            outcomes.push(outcome);
+        }
+        let untracked = outcomes
+            .iter()
+            .all(|o| matches!(o.effect, Effect::None) && o.tag.is_none());
+        if untracked && pieces.is_empty() && prep.is_empty() {
+            return Plan::Plain;
+        }
+        let text = (!pieces.is_empty()).then(|| splice(text, &pieces));
+        Plan::Tracked {
+            text,
+            outcomes,
+            prep,
+        }
+    }
+
+    fn ensure(&mut self, statement: &Arc<PreparedStatement>, prep: &mut Vec<ServerPrep>) {
+        ensure_on(self.server, self.max_prepared, statement, prep);
+    }
+
+    fn statement(
+        &mut self,
+        stmt: &StatementInfo,
+        protocol: Protocol,
+        many: bool,
+        prep: &mut Vec<ServerPrep>,
+    ) -> Result<(Outcome, Option<String>), ErrorResponse> {
+        let sql_level = matches!(
+            stmt.kind,
+            StatementKind::Prepare { .. }
+                | StatementKind::Execute { .. }
+                | StatementKind::Deallocate { .. }
+                | StatementKind::Discard(sql::DiscardKind::All)
+        );
+        if sql_level && protocol == (Protocol::Extended { named: true }) {
+            return Err(unsupported(
+                "PREPARE, EXECUTE, DEALLOCATE and DISCARD ALL in a named protocol-level \
+                 statement are not supported in transaction pooling",
+                "Send them with the simple query protocol or as unnamed statements.",
+            ));
+        }
+        let no_op = |tag| {
+            Ok((
+                Outcome {
+                    effect: Effect::None,
+                    tag: Some(tag),
+                },
+                Some(NO_OP.to_owned()),
+            ))
+        };
+        match &stmt.kind {
+            StatementKind::Set(set) => Ok((setting(set)?, None)),
+            StatementKind::Prepare {
+                name,
+                param_types,
+                statement,
+            } => {
+                if self.client.contains_key(name) {
+                    return Err(ErrorResponse::error(
+                        DUPLICATE_PSTATEMENT,
+                        format!("prepared statement \"{name}\" already exists"),
+                    ));
+                }
+                let key = StatementKey {
+                    text: statement.text.as_str().into(),
+                    types: ParamTypes::Sql(param_types.clone().into_boxed_slice()),
+                };
+                let types = if param_types.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", param_types.join(", "))
+                };
+                let prepared = self.registry.get_or_register(key, |server_name| {
+                    StatementSource::Sql(format!(
+                        "PREPARE {server_name}{types} AS {}",
+                        statement.text
+                    ))
+                });
+                self.client.insert(name.clone(), prepared.clone());
+                if self.server.touch(&prepared) {
+                    return Ok((
+                        Outcome {
+                            effect: Effect::Prepared {
+                                statement: prepared,
+                                client_name: name.clone(),
+                            },
+                            tag: Some("PREPARE"),
+                        },
+                        Some(NO_OP.to_owned()),
+                    ));
+                }
+                if let Some(evicted) = self.server.insert(prepared.clone(), self.max_prepared) {
+                    prep.push(ServerPrep::Drop(evicted));
+                }
+                let StatementSource::Sql(create) = &prepared.create else {
+                    unreachable!("SQL-level statements are created with SQL")
+                };
+                let create = create.clone();
+                Ok((
+                    Outcome {
+                        effect: Effect::Prepared {
+                            statement: prepared,
+                            client_name: name.clone(),
+                        },
+                        tag: None,
+                    },
+                    Some(create),
+                ))
+            }
+            StatementKind::Execute { name, params } => {
+                let prepared = self
+                    .client
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| missing(name))?;
+                self.ensure(&prepared, prep);
+                let args = if params.is_empty() {
+                    String::new()
+                } else {
+                    format!("({})", params.join(", "))
+                };
+                Ok((
+                    Outcome::plain(),
+                    Some(format!("EXECUTE {}{args}", prepared.name)),
+                ))
+            }
+            StatementKind::Deallocate { name: Some(name) } => {
+                self.client.remove(name).ok_or_else(|| missing(name))?;
+                no_op("DEALLOCATE")
+            }
+            StatementKind::Deallocate { name: None } => {
+                self.client.clear();
+                no_op("DEALLOCATE ALL")
+            }
+            StatementKind::Discard(sql::DiscardKind::All) => {
+                if self.in_block || many {
+                    return Err(ErrorResponse::error(
+                        ACTIVE_SQL_TRANSACTION,
+                        "DISCARD ALL cannot run inside a transaction block",
+                    ));
+                }
+                self.client.clear();
+                Ok((
+                    Outcome {
+                        effect: Effect::Setting(TrackedChange {
+                            change: SettingChange::ResetAll,
+                            real: false,
+                        }),
+                        tag: Some("DISCARD ALL"),
+                    },
+                    Some(NO_OP.to_owned()),
+                ))
+            }
+            _ if stmt.functions.iter().any(|f| f.name == "set_config") => Ok((
+                Outcome {
+                    effect: Effect::SettingsUnknown,
+                    tag: None,
+                },
+                None,
+            )),
+            _ => Ok((Outcome::plain(), None)),
+        }
+    }
+}
+
+/// Makes sure `server` has `statement`, noting what to create and close first.
+pub fn ensure_on(
+    server: &mut ServerStatements,
+    max_prepared: usize,
+    statement: &Arc<PreparedStatement>,
+    prep: &mut Vec<ServerPrep>,
+) {
+    if server.touch(statement) {
+        return;
+    }
+    if let Some(evicted) = server.insert(statement.clone(), max_prepared) {
+        prep.push(ServerPrep::Drop(evicted));
+    }
+    prep.push(ServerPrep::Create(statement.clone()));
+}
+
+/// The error PostgreSQL gives for an unknown statement name.
+pub fn missing(name: &str) -> ErrorResponse {
+    if name.is_empty() {
+        return ErrorResponse::error(
+            INVALID_SQL_STATEMENT_NAME,
+            "unnamed prepared statement does not exist",
+        );
+    }
+    ErrorResponse::error(
+        INVALID_SQL_STATEMENT_NAME,
+        format!("prepared statement \"{name}\" does not exist"),
+    )
+}
+
+/// The error PostgreSQL gives for a statement name used twice.
+pub fn duplicate(name: &str) -> ErrorResponse {
+    ErrorResponse::error(
+        DUPLICATE_PSTATEMENT,
+        format!("prepared statement \"{name}\" already exists"),
+    )
+}
+
+fn setting(set: &SetCommand) -> Result<Outcome, ErrorResponse> {
+    let tracked = |change| Outcome {
+        effect: Effect::Setting(TrackedChange { change, real: true }),
+        tag: None,
+    };
+    Ok(match set {
+        SetCommand::Assign {
+            local: false,
+            name,
+            values,
+        } => {
+            let values: Vec<String> = values.iter().map(|v| v.to_sql()).collect();
+            tracked(SettingChange::Set(
+                name.clone(),
+                set_sql(name, &values.join(", ")),
+            ))
+        }
+        SetCommand::Default { local: false, name } | SetCommand::Reset { name } => {
+            tracked(SettingChange::Reset(name.clone()))
+        }
+        SetCommand::ResetAll => tracked(SettingChange::ResetAll),
+        SetCommand::FromCurrent { local: false, .. } => {
+            return Err(unsupported(
+                "SET ... FROM CURRENT is not supported in transaction pooling",
+                "Set the value explicitly.",
+            ))
+        }
+        SetCommand::Role {
+            local: false,
+            role: Some(_),
+        }
+        | SetCommand::SessionAuthorization {
+            local: false,
+            user: Some(_),
+        } => {
+            return Err(unsupported(
+                "SET ROLE and SET SESSION AUTHORIZATION are not supported in transaction pooling",
+                "Use SET LOCAL ROLE inside a transaction, or connect as that role.",
+            ))
+        }
+        SetCommand::SessionCharacteristics(_) => {
+            return Err(unsupported(
+                "SET SESSION CHARACTERISTICS is not supported in transaction pooling",
+                "Use SET default_transaction_isolation (and friends) instead.",
+            ))
+        }
+        _ => Outcome::plain(),
+    })
+}
+
+/// Session-only features: they would outlive the transaction on a server that other clients
+/// use next.
+fn refusal(stmt: &StatementInfo) -> Result<(), ErrorResponse> {
+    let refuse = |what: &str, hint: &str| {
+        Err(unsupported(
+            &format!("{what} is not supported in transaction pooling"),
+            hint,
+        ))
+    };
+    match &stmt.kind {
+        StatementKind::Listen { .. } => {
+            return refuse(
+                "LISTEN",
+                "Use a pgmemo database with pool_mode = session for notifications.",
+            )
+        }
+        StatementKind::DeclareCursor { hold: true, .. } => {
+            return refuse(
+                "DECLARE ... WITH HOLD",
+                "Declare the cursor without WITH HOLD inside a transaction.",
+            )
+        }
+        StatementKind::Explain { inner, .. }
+            if matches!(inner.kind, StatementKind::Execute { .. }) =>
+        {
+            return refuse("EXPLAIN EXECUTE", "EXPLAIN the statement text instead.")
+        }
+        _ => {}
+    }
+    if stmt.session_temp_table {
+        return refuse(
+            "a temporary table that outlives its transaction",
+            "Create it with ON COMMIT DROP inside a transaction.",
+        );
+    }
+    if stmt.functions.iter().any(|f| {
+        matches!(
+            f.name.as_str(),
+            "pg_advisory_lock"
+                | "pg_advisory_lock_shared"
+                | "pg_try_advisory_lock"
+                | "pg_try_advisory_lock_shared"
+        )
+    }) {
+        return refuse(
+            "a session-level advisory lock",
+            "Use pg_advisory_xact_lock (released at the end of the transaction).",
+        );
+    }
+    Ok(())
+}
+
+fn unsupported(message: &str, hint: &str) -> ErrorResponse {
+    ErrorResponse::error(wire::sqlstate::FEATURE_NOT_SUPPORTED, message).with_hint(hint)
+}
+
+/// `text` with each range replaced, ranges in ascending order.
+fn splice(text: &str, pieces: &[(std::ops::Range<usize>, String)]) -> String {
+    let mut out = String::with_capacity(text.len() + 32);
+    let mut at = 0;
+    for (range, replacement) in pieces {
+        out.push_str(&text[at..range.start]);
+        out.push_str(replacement);
+        at = range.end;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// A statement that makes the server raise `error`, so the client's transaction fails exactly
+/// as if PostgreSQL had refused the statement itself.
+pub fn raise_sql(error: &ErrorResponse) -> String {
+    let lit = quote_literal;
+    let mut body = format!(
+        "BEGIN RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = {}",
+        lit(&error.code),
+        lit(&error.message)
+    );
+    if let Some(hint) = &error.hint {
+        body.push_str(&format!(", HINT = {}", lit(hint)));
+    }
+    body.push_str("; END");
+    let mut tag = "$pgmemo$".to_owned();
+    while body.contains(&tag) {
+        tag.insert(tag.len() - 1, 'x');
+    }
+    format!("DO {tag}{body}{tag}")
+}

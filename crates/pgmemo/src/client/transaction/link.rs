@@ -1,0 +1,170 @@
+//! What the two pumps of an attached transaction-pooled client share: the client's lasting
+//! state, the server's session state, and the queue of answers still owed, one entry per
+//! message sent to the server (or answered by pgmemo), in order. The server pump walks the
+//! queue to know which answers to forward, which to swallow (pgmemo's own messages) and where
+//! to insert pgmemo's own answers.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use wire::backend::TransactionStatus;
+
+use super::commands::{Effect, Outcome};
+use crate::pool::settings::{ClientSettings, TrackedChange};
+use crate::pool::{PreparedStatement, ServerSession};
+
+/// A client's unnamed statement: the Parse to send again to a server that does not hold it.
+#[derive(Clone)]
+pub struct Unnamed {
+    pub seq: u64,
+    pub parse: Bytes,
+    pub outcome: Option<Arc<Outcome>>,
+}
+
+/// Everything about a client that outlives its transactions.
+pub struct ClientState {
+    /// Tells server connections whose unnamed statement they hold.
+    pub tag: u64,
+    /// The client's statement names.
+    pub statements: HashMap<String, Arc<PreparedStatement>>,
+    /// Named statements whose execution changes session state (rare: `SET` prepared by name).
+    pub effects: HashMap<String, Arc<Outcome>>,
+    pub unnamed: Option<Unnamed>,
+    pub parses: u64,
+    pub settings: ClientSettings,
+    /// From the last ReadyForQuery the client received.
+    pub status: TransactionStatus,
+}
+
+/// The messages whose answers a queue entry stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Parse,
+    Bind,
+    Close,
+    DescribeStatement,
+    DescribePortal,
+    Execute,
+    Sync,
+    /// A simple Query or a FunctionCall: everything up to ReadyForQuery.
+    Query,
+    /// Answered by pgmemo: `Entry::synthetic` is sent when the entry reaches the front.
+    Local,
+}
+
+/// What to undo when a Parse (or SQL PREPARE) fails or is skipped after an earlier error.
+#[derive(Clone)]
+pub struct Revert {
+    pub statement: Arc<PreparedStatement>,
+    pub client_name: Option<String>,
+    pub on_server: bool,
+}
+
+/// One answer (or group of answers) owed to the client.
+pub struct Entry {
+    pub expect: Expect,
+    /// Forward the server's answers (false: pgmemo's own message; errors still go through).
+    pub forward: bool,
+    pub synthetic: Option<Bytes>,
+    /// Per statement of a Query (or the one of an Execute), in order.
+    pub outcomes: Vec<Outcome>,
+    pub next: usize,
+    pub revert: Option<Revert>,
+}
+
+impl Entry {
+    /// An entry whose answers go to the client.
+    pub fn forward(expect: Expect) -> Entry {
+        Entry {
+            expect,
+            forward: true,
+            synthetic: None,
+            outcomes: Vec::new(),
+            next: 0,
+            revert: None,
+        }
+    }
+
+    /// An entry for a message pgmemo sent on its own behalf.
+    pub fn swallow(expect: Expect) -> Entry {
+        Entry {
+            forward: false,
+            ..Entry::forward(expect)
+        }
+    }
+
+    /// pgmemo's own answer.
+    pub fn local(bytes: Bytes) -> Entry {
+        Entry {
+            synthetic: Some(bytes),
+            ..Entry::forward(Expect::Local)
+        }
+    }
+}
+
+/// Session-setting changes of the transaction in progress.
+#[derive(Default)]
+pub struct TxnTrack {
+    pub pending: Vec<TrackedChange>,
+    /// An error happened since the transaction began (or since the last COMMIT).
+    pub failed: bool,
+    /// A ROLLBACK (or ROLLBACK TO SAVEPOINT) completed.
+    pub rolled_back: bool,
+}
+
+/// The shared state of one attachment.
+pub struct Link<'a> {
+    pub client: &'a mut ClientState,
+    pub server: &'a mut ServerSession,
+    pub queue: VecDeque<Entry>,
+    /// Portals whose statement changes session state.
+    pub portals: HashMap<Bytes, Arc<Outcome>>,
+    pub txn: TxnTrack,
+    /// Extended-protocol messages were sent since the last Sync.
+    pub mid_batch: bool,
+    pub max_prepared: usize,
+}
+
+impl Link<'_> {
+    /// Undoes what a failed or skipped entry had assumed.
+    pub fn revert(&mut self, revert: Revert) {
+        if let Some(name) = &revert.client_name {
+            if self
+                .client
+                .statements
+                .get(name)
+                .is_some_and(|s| Arc::ptr_eq(s, &revert.statement))
+            {
+                self.client.statements.remove(name);
+                self.client.effects.remove(name);
+            }
+        }
+        if revert.on_server {
+            self.server.statements.remove(revert.statement.id);
+        }
+    }
+
+    /// Undoes the effects of statements `from..` of an entry that did not run.
+    pub fn revert_outcomes(&mut self, outcomes: &[Outcome]) {
+        for outcome in outcomes {
+            if let Effect::Prepared {
+                statement,
+                client_name,
+            } = &outcome.effect
+            {
+                self.revert(Revert {
+                    statement: statement.clone(),
+                    client_name: Some(client_name.clone()),
+                    on_server: true,
+                });
+            }
+        }
+    }
+
+    /// Whether the server may go back to the pool: every answer delivered, the client between
+    /// transactions and not in the middle of an extended-protocol batch.
+    pub fn releasable(&self) -> bool {
+        self.queue.is_empty() && self.client.status == TransactionStatus::Idle && !self.mid_batch
+    }
+}

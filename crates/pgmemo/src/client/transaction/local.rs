@@ -1,0 +1,89 @@
+//! Requests a detached client can have answered without a server: a batch of named Parses of
+//! statements some server already accepted, Closes of statements, and the Sync that ends it.
+//! Drivers that prepare synchronously (pgbench, many ORMs) would otherwise wait for a server
+//! while the clients holding every server wait for them.
+
+use std::sync::atomic::Ordering;
+
+use bytes::BytesMut;
+use wire::backend::{self, TransactionStatus};
+use wire::frontend::{self, Close, Parse, Target};
+use wire::FrameHeader;
+
+use super::link::ClientState;
+use crate::pool::{ParamTypes, StatementKey, StatementRegistry};
+
+/// If the buffered messages up to the first Sync can all be answered locally, consumes them
+/// and returns the answers.
+pub fn answer(
+    buf: &mut BytesMut,
+    state: &mut ClientState,
+    registry: &StatementRegistry,
+    max_message: usize,
+) -> Option<BytesMut> {
+    if state.status != TransactionStatus::Idle {
+        return None;
+    }
+    // First pass: look without consuming.
+    let mut at = 0;
+    let mut plan = Vec::new();
+    loop {
+        let header = FrameHeader::peek(&buf[at..], max_message).ok()??;
+        if buf.len() - at < header.frame_len {
+            return None;
+        }
+        let body =
+            bytes::Bytes::copy_from_slice(&buf[at + FrameHeader::SIZE..at + header.frame_len]);
+        at += header.frame_len;
+        match header.tag {
+            frontend::tag::SYNC => break,
+            frontend::tag::PARSE => {
+                let parse = Parse::decode(body).ok()?;
+                let name = std::str::from_utf8(&parse.name).ok()?.to_owned();
+                let sql = std::str::from_utf8(&parse.query).ok()?;
+                if name.is_empty()
+                    || state.statements.contains_key(&name)
+                    || plan.iter().any(|(n, _)| *n == name)
+                    || sql::may_affect_session(sql)
+                {
+                    return None;
+                }
+                let key = StatementKey {
+                    text: sql.into(),
+                    types: ParamTypes::Oids(parse.param_types.into_boxed_slice()),
+                };
+                let statement = registry.get(&key)?;
+                if !statement.validated.load(Ordering::Relaxed) {
+                    return None;
+                }
+                plan.push((name, Some(statement)));
+            }
+            frontend::tag::CLOSE => {
+                let close = Close::decode(body).ok()?;
+                let name = std::str::from_utf8(&close.name).ok()?.to_owned();
+                if close.target != Target::Statement || name.is_empty() {
+                    return None;
+                }
+                plan.push((name, None));
+            }
+            _ => return None,
+        }
+    }
+    let mut out = BytesMut::with_capacity(plan.len() * 5 + 6);
+    for (name, statement) in plan {
+        match statement {
+            Some(statement) => {
+                state.statements.insert(name, statement);
+                out.extend_from_slice(b"1\0\0\0\x04");
+            }
+            None => {
+                state.statements.remove(&name);
+                state.effects.remove(&name);
+                out.extend_from_slice(b"3\0\0\0\x04");
+            }
+        }
+    }
+    out.extend_from_slice(&backend::ready_for_query(TransactionStatus::Idle));
+    let _ = buf.split_to(at);
+    Some(out)
+}

@@ -1,0 +1,536 @@
+//! Step 2 of the query path under `pool_mode = transaction`: a client holds a server
+//! connection only from the first message of a transaction (or autocommit statement) until
+//! the server is idle again, and its session state lives here instead of on a server: its
+//! prepared statements (mapped onto pgmemo's shared server-side ones, `commands` and
+//! `requests`), its unnamed statement, and its settings (replayed on whichever server it gets).
+//!
+//! While attached, two pumps run in the session's task as in session pooling: `requests`
+//! translates client messages, `responses` matches answers against the queue in `link`.
+
+mod commands;
+mod link;
+mod local;
+mod requests;
+mod responses;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use wire::backend::TransactionStatus;
+use wire::{sqlstate, ErrorResponse, Frame, FrameHeader, WireError};
+
+use super::login::{open_authenticated, pool_settings, Route};
+use super::quiet::Quiet;
+use super::relay::{refill_position, End};
+use super::{ClientConn, ClientError};
+use crate::cancel::CancelSlot;
+use crate::net::MaybeTls;
+use crate::pool::settings::{parse_options, sync_sql, valid_name, ClientSettings};
+use crate::pool::{Lease, ReleaseState, ServerConn, StatementRegistry};
+use crate::shared::Shared;
+use crate::stats::Stats;
+
+pub use link::ClientState;
+use link::{Link, TxnTrack};
+
+/// The client's session state from its startup parameters, or the error that refuses it
+/// (`options` that are not settings, names pgmemo cannot replay).
+pub fn client_state(
+    route: &Route,
+    registry: &StatementRegistry,
+) -> Result<ClientState, ErrorResponse> {
+    let mut settings = Vec::new();
+    for (name, value) in &route.client_params {
+        if name == "options" {
+            let parsed = parse_options(value).ok_or_else(|| {
+                ErrorResponse::fatal(
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                    format!("startup option \"{value}\" is not supported in transaction pooling"),
+                )
+                .with_hint("Only -c name=value settings can be replayed on pooled connections.")
+            })?;
+            settings.extend(parsed);
+        } else if name == "replication" {
+            return Err(ErrorResponse::fatal(
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "replication connections are not supported through pgmemo",
+            ));
+        } else if valid_name(name) {
+            settings.push((name.clone(), value.clone()));
+        } else {
+            return Err(ErrorResponse::fatal(
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                format!("startup parameter \"{name}\" cannot be replayed in transaction pooling"),
+            ));
+        }
+    }
+    Ok(ClientState {
+        tag: registry.new_client_tag(),
+        statements: HashMap::new(),
+        effects: HashMap::new(),
+        unnamed: None,
+        parses: 0,
+        settings: ClientSettings::from_startup(&settings),
+        status: TransactionStatus::Idle,
+    })
+}
+
+/// Applies the client's startup settings on its login connection before the client sees
+/// the server's parameters, so ParameterStatus shows the client's own values.
+pub async fn prepare_login_server(
+    state: &ClientState,
+    server: &mut ServerConn,
+) -> Result<(), ClientError> {
+    if let Some(sql) = sync_sql(&state.settings, &mut server.session.settings) {
+        if let Err(e) = server.simple_query(&sql).await {
+            server.session.settings.unknown = true;
+            return Err(match e {
+                crate::pool::ServerError::Server(mut e) => {
+                    e.severity = "FATAL".into();
+                    ClientError::Refused(e)
+                }
+                other => other.into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// How an attachment ended.
+enum Attached {
+    /// The transaction is over; the server goes back to the pool.
+    Released,
+    /// The session is over.
+    Ended(End),
+}
+
+/// Serves a logged-in client until it leaves. Servers are taken from the pool per
+/// transaction and given back at once after it.
+pub async fn run(
+    client: &mut ClientConn,
+    shared: &Arc<Shared>,
+    route: &Route,
+    state: &mut ClientState,
+    cancel: &CancelSlot,
+) -> End {
+    let stop = shared.stop_accepting.child_token();
+    let terminate = shared.terminate_sessions.child_token();
+    let max_message = shared.config().max_message_size.0;
+    loop {
+        match wait_for_request(client, max_message, &stop).await {
+            Ok(()) => {}
+            Err(end) => return end,
+        }
+        if let Some(answer) = local::answer(
+            &mut client.buf,
+            state,
+            &shared.pools.statements,
+            max_message,
+        ) {
+            if let Err(e) = client.send(&answer).await {
+                return match e {
+                    ClientError::Io(e) => End::ClientGone(Some(e)),
+                    _ => End::ClientGone(None),
+                };
+            }
+            continue;
+        }
+        let (lease, mut server) = match attach(shared, route).await {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some(err) = e.to_error_response() {
+                    client.send_error(&err).await;
+                }
+                return End::ClientGone(None);
+            }
+        };
+        tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), "attach");
+        cancel.set(server.cancel_target());
+        let config = shared.config();
+        let idle_timeout = config.idle_transaction_timeout.0;
+        let max_prepared = config.max_prepared_statements;
+        drop(config);
+        let (attached, at_boundary) = serve_attached(
+            client,
+            &mut server,
+            state,
+            shared,
+            AttachOptions {
+                max_message,
+                max_prepared,
+                idle_timeout,
+                terminate: &terminate,
+            },
+        )
+        .await;
+        cancel.set(None);
+        server.status = state.status;
+        tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), status = ?state.status, released = matches!(attached, Attached::Released), "detach");
+        match attached {
+            Attached::Released => lease.return_idle(server, true),
+            Attached::Ended(end) => {
+                finish(lease, server, &end, at_boundary, state.status, shared);
+                return end;
+            }
+        }
+    }
+}
+
+/// Gives the server back (or closes it) when the session ends while attached.
+fn finish(
+    lease: Lease,
+    server: ServerConn,
+    end: &End,
+    at_boundary: bool,
+    status: TransactionStatus,
+    shared: &Shared,
+) {
+    if matches!(end, End::ServerGone { .. }) || !at_boundary {
+        if !at_boundary {
+            Stats::bump(&shared.stats.servers_closed_dirty);
+        }
+        lease.discard(server);
+    } else if status == TransactionStatus::Idle {
+        lease.return_idle(server, true);
+    } else {
+        // Rolled back in the background; settings are tracked, so no reset query is needed.
+        let mut settings = pool_settings(&shared.config());
+        settings.server_reset_query.clear();
+        lease.release(server, ReleaseState::Boundary(status), settings);
+    }
+}
+
+/// Waits until the client has sent a whole message (or leaves, or pgmemo shuts down while
+/// the client is between transactions).
+async fn wait_for_request(
+    client: &mut ClientConn,
+    max_message: usize,
+    stop: &CancellationToken,
+) -> Result<(), End> {
+    loop {
+        match FrameHeader::peek(&client.buf, max_message) {
+            Err(e) => return Err(End::ClientProtocol(e)),
+            Ok(Some(h)) if h.tag == wire::frontend::tag::TERMINATE => {
+                return Err(End::ClientTerminated)
+            }
+            Ok(Some(h)) if client.buf.len() >= h.frame_len => return Ok(()),
+            Ok(Some(h)) => client.buf.reserve(h.frame_len - client.buf.len()),
+            Ok(None) => {}
+        }
+        refill_position(&mut client.buf);
+        tokio::select! {
+            biased;
+            r = client.stream.read_buf(&mut client.buf) => match r {
+                Ok(0) => return Err(End::ClientGone(None)),
+                Ok(_) => {}
+                Err(e) => return Err(End::ClientGone(Some(e))),
+            },
+            _ = stop.cancelled() => return Err(End::Shutdown),
+        }
+    }
+}
+
+/// Takes a server connection for one transaction: an idle one of the pool, or a new one.
+async fn attach(shared: &Arc<Shared>, route: &Route) -> Result<(Lease, ServerConn), ClientError> {
+    let config = shared.config();
+    let pool = shared
+        .pools
+        .get(&route.key, config.pool_size_for(&route.client_database));
+    let settings = pool_settings(&config);
+    let wait = config.query_wait_timeout.0;
+    drop(config);
+    let mut lease = pool.acquire(wait).await.inspect_err(|_| {
+        Stats::bump(&shared.stats.pool_wait_timeouts);
+    })?;
+    if let Some(conn) = lease.take_idle(route.fingerprint, &settings).await {
+        return Ok((lease, conn));
+    }
+    lease.reserve_new();
+    let conn = open_authenticated(shared, route).await?;
+    Ok((lease, conn))
+}
+
+struct AttachOptions<'a> {
+    max_message: usize,
+    max_prepared: usize,
+    idle_timeout: Duration,
+    terminate: &'a CancellationToken,
+}
+
+/// Relays one transaction. Returns how it ended and whether the server was at a clean
+/// protocol boundary.
+async fn serve_attached(
+    client: &mut ClientConn,
+    server: &mut ServerConn,
+    state: &mut ClientState,
+    shared: &Shared,
+    opts: AttachOptions<'_>,
+) -> (Attached, bool) {
+    let ServerConn {
+        stream,
+        read_buf,
+        params,
+        session,
+        ..
+    } = server;
+    let link = Mutex::new(Link {
+        client: state,
+        server: session,
+        queue: VecDeque::new(),
+        portals: HashMap::new(),
+        txn: TxnTrack::default(),
+        mid_batch: false,
+        max_prepared: opts.max_prepared,
+    });
+    let wake = Notify::new();
+    let attached = {
+        let pumps = Pumps {
+            link: &link,
+            wake: &wake,
+            registry: &shared.pools.statements,
+            opts: &opts,
+        };
+        match (&mut client.stream, stream) {
+            (MaybeTls::Plain(c), MaybeTls::Plain(s)) => {
+                let (mut cr, mut cw) = (&*c, &*c);
+                let (mut sr, mut sw) = (&*s, &*s);
+                pumps
+                    .run(
+                        &mut cr,
+                        &mut cw,
+                        &mut sr,
+                        &mut sw,
+                        &mut client.buf,
+                        read_buf,
+                        params,
+                    )
+                    .await
+            }
+            (c, s) => {
+                let (mut cr, mut cw) = tokio::io::split(c);
+                let (mut sr, mut sw) = tokio::io::split(s);
+                pumps
+                    .run(
+                        &mut cr,
+                        &mut cw,
+                        &mut sr,
+                        &mut sw,
+                        &mut client.buf,
+                        read_buf,
+                        params,
+                    )
+                    .await
+            }
+        }
+    };
+    let link = link.into_inner().unwrap_or_else(|e| e.into_inner());
+    let at_boundary = link.queue.is_empty() && !link.mid_batch;
+    (attached, at_boundary)
+}
+
+struct Pumps<'p, 'l> {
+    link: &'p Mutex<Link<'l>>,
+    wake: &'p Notify,
+    registry: &'p StatementRegistry,
+    opts: &'p AttachOptions<'p>,
+}
+
+enum PumpError {
+    Client(std::io::Error),
+    Server(std::io::Error),
+    Protocol(WireError),
+    ServerProtocol(WireError),
+    IdleTimeout,
+}
+
+impl Pumps<'_, '_> {
+    #[allow(clippy::too_many_arguments)]
+    async fn run<CR, CW, SR, SW>(
+        &self,
+        cr: &mut CR,
+        cw: &mut CW,
+        sr: &mut SR,
+        sw: &mut SW,
+        client_buf: &mut BytesMut,
+        server_buf: &mut BytesMut,
+        params: &mut Vec<(String, String)>,
+    ) -> Attached
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        SR: AsyncRead + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        let outcome = tokio::select! {
+            biased;
+            r = self.client_to_server(cr, client_buf, sw) => match r {
+                Ok(true) => Err(End::ClientTerminated),
+                Ok(false) => Err(End::ClientGone(None)),
+                Err(e) => Err(self.end_for(e, cw).await),
+            },
+            r = self.server_to_client(sr, server_buf, cw, params) => match r {
+                Ok(()) => Ok(()),
+                Err(e) => Err(self.end_for(e, cw).await),
+            },
+            _ = Quiet::new(self.opts.terminate.cancelled()) => Err(End::Shutdown),
+        };
+        match outcome {
+            Ok(()) => Attached::Released,
+            Err(end) => Attached::Ended(end),
+        }
+    }
+
+    async fn end_for<CW: AsyncWrite + Unpin>(&self, e: PumpError, cw: &mut CW) -> End {
+        match e {
+            PumpError::Client(e) => End::ClientGone(Some(e)),
+            PumpError::Protocol(e) => End::ClientProtocol(e),
+            PumpError::Server(e) => {
+                tracing::debug!(error = %e, "server connection failed");
+                End::ServerGone {
+                    fatal_forwarded: false,
+                }
+            }
+            PumpError::ServerProtocol(e) => {
+                tracing::warn!(error = %e, "invalid data from server");
+                End::ServerGone {
+                    fatal_forwarded: false,
+                }
+            }
+            PumpError::IdleTimeout => {
+                let err = ErrorResponse::fatal(
+                    sqlstate::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+                    "terminating connection due to idle-in-transaction timeout",
+                )
+                .with_detail("pgmemo's idle_transaction_timeout was reached.");
+                let _ = cw.write_all(&err.encode()).await;
+                let _ = cw.flush().await;
+                End::ClientGone(None)
+            }
+        }
+    }
+
+    /// Translates client messages; `Ok(true)` on Terminate, `Ok(false)` on EOF.
+    async fn client_to_server<R, W>(
+        &self,
+        reader: &mut R,
+        buf: &mut BytesMut,
+        server: &mut W,
+    ) -> Result<bool, PumpError>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut out = BytesMut::with_capacity(4096);
+        loop {
+            let mut terminate = false;
+            let mut wake = false;
+            loop {
+                let frame = match Frame::decode(buf, self.opts.max_message) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(e) => return Err(PumpError::Protocol(e)),
+                };
+                if frame.tag() == wire::frontend::tag::TERMINATE {
+                    terminate = true;
+                    break;
+                }
+                let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                wake |= requests::translate(frame, &mut link, self.registry, &mut out)
+                    .map_err(PumpError::Protocol)?;
+            }
+            if wake {
+                self.wake.notify_one();
+            }
+            if !out.is_empty() {
+                server.write_all(&out).await.map_err(PumpError::Server)?;
+                server.flush().await.map_err(PumpError::Server)?;
+                out.clear();
+            }
+            if terminate {
+                return Ok(true);
+            }
+            refill_position(buf);
+            if reader.read_buf(buf).await.map_err(PumpError::Client)? == 0 {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Relays answers until the server can be released.
+    async fn server_to_client<R, W>(
+        &self,
+        reader: &mut R,
+        buf: &mut BytesMut,
+        client: &mut W,
+        params: &mut Vec<(String, String)>,
+    ) -> Result<(), PumpError>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut out = BytesMut::with_capacity(4096);
+        loop {
+            let (processed, idle_in_txn) = {
+                let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                let p = responses::process(buf, &mut link, params, &mut out)
+                    .map_err(PumpError::ServerProtocol)?;
+                let idle_in_txn =
+                    link.queue.is_empty() && link.client.status != TransactionStatus::Idle;
+                (p, idle_in_txn)
+            };
+            if processed.verbatim {
+                if processed.consumed > 0 {
+                    client
+                        .write_all(&buf[..processed.consumed])
+                        .await
+                        .map_err(PumpError::Client)?;
+                }
+            } else if !out.is_empty() {
+                client.write_all(&out).await.map_err(PumpError::Client)?;
+                out.clear();
+            }
+            if processed.consumed > 0 || !processed.verbatim {
+                client.flush().await.map_err(PumpError::Client)?;
+            }
+            buf.advance(processed.consumed);
+            // The client pump may have sent a new request while the answer was being written:
+            // release only if the server is still owed nothing.
+            if processed.released
+                && self
+                    .link
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .releasable()
+            {
+                return Ok(());
+            }
+            if processed.need > buf.len() {
+                buf.reserve(processed.need - buf.len());
+            }
+            refill_position(buf);
+            let idle = self.opts.idle_timeout;
+            let timer = async {
+                if idle_in_txn && !idle.is_zero() {
+                    tokio::time::sleep(idle).await
+                } else {
+                    std::future::pending().await
+                }
+            };
+            tokio::select! {
+                biased;
+                r = reader.read_buf(buf) => {
+                    if r.map_err(PumpError::Server)? == 0 {
+                        return Err(PumpError::Server(std::io::ErrorKind::UnexpectedEof.into()));
+                    }
+                }
+                _ = self.wake.notified() => {}
+                _ = timer => return Err(PumpError::IdleTimeout),
+            }
+        }
+    }
+}

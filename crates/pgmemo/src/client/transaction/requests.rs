@@ -1,0 +1,484 @@
+//! Client to server, transaction pooling: each client message is translated for the server
+//! it is attached to now. Statement names become pgmemo's (preparing the statement there
+//! first when the server lacks it), the client's unnamed statement is restored when another
+//! client replaced it, the server's settings are brought in line before each request, and
+//! session commands are tracked or refused. Every message that gets an answer adds a queue
+//! entry, in order, before any byte is written.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use wire::frontend::{self, Bind, Close, Describe, Execute, Parse, Target};
+use wire::{ErrorResponse, Frame, WireError};
+
+use super::commands::{
+    duplicate, ensure_on, missing, raise_sql, Outcome, Plan, Planner, Protocol, ServerPrep,
+};
+use super::link::{Entry, Expect, Link, Revert, Unnamed};
+use crate::pool::settings::sync_sql;
+use crate::pool::{
+    ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
+};
+
+/// Translates one client message (not Terminate) into `out`. Returns whether pgmemo queued
+/// an answer of its own that the server pump must send without waiting for the server.
+pub fn translate(
+    frame: Frame,
+    link: &mut Link<'_>,
+    registry: &StatementRegistry,
+    out: &mut BytesMut,
+) -> Result<bool, WireError> {
+    let tag = frame.tag();
+    tracing::trace!(client = link.client.tag, tag = %char::from(tag), queue = link.queue.len(), "client message");
+    match tag {
+        frontend::tag::QUERY => {
+            query(frame, link, registry, out)?;
+            Ok(false)
+        }
+        frontend::tag::PARSE => {
+            batch_start(link, out);
+            parse(frame, link, registry, out)
+        }
+        frontend::tag::BIND => {
+            batch_start(link, out);
+            bind(frame, link, out)?;
+            Ok(false)
+        }
+        frontend::tag::DESCRIBE => {
+            batch_start(link, out);
+            let describe = Describe::decode(frame.body_bytes())?;
+            match describe.target {
+                Target::Portal => {
+                    out.extend_from_slice(frame.raw());
+                    link.queue.push_back(Entry::forward(Expect::DescribePortal));
+                }
+                Target::Statement => {
+                    let name = text(&describe.name)?;
+                    let Some(server_name) = statement_for_use(name, link, out) else {
+                        return Ok(false);
+                    };
+                    match server_name {
+                        None => out.extend_from_slice(frame.raw()),
+                        Some(server_name) => Describe {
+                            target: Target::Statement,
+                            name: Bytes::from(server_name),
+                        }
+                        .encode(out),
+                    }
+                    link.queue
+                        .push_back(Entry::forward(Expect::DescribeStatement));
+                }
+            }
+            Ok(false)
+        }
+        frontend::tag::EXECUTE => {
+            batch_start(link, out);
+            let execute = Execute::decode(frame.body_bytes())?;
+            let mut entry = Entry::forward(Expect::Execute);
+            if !link.portals.is_empty() {
+                if let Some(outcome) = link.portals.get(&execute.portal) {
+                    entry.outcomes.push(Outcome::clone(outcome));
+                }
+            }
+            out.extend_from_slice(frame.raw());
+            link.queue.push_back(entry);
+            Ok(false)
+        }
+        frontend::tag::CLOSE => {
+            batch_start(link, out);
+            close(frame, link, out)
+        }
+        frontend::tag::SYNC => {
+            out.extend_from_slice(frame.raw());
+            link.queue.push_back(Entry::forward(Expect::Sync));
+            link.mid_batch = false;
+            Ok(false)
+        }
+        frontend::tag::FLUSH => {
+            batch_start(link, out);
+            out.extend_from_slice(frame.raw());
+            Ok(true)
+        }
+        frontend::tag::FUNCTION_CALL => {
+            sync_settings(link, out);
+            out.extend_from_slice(frame.raw());
+            link.queue.push_back(Entry::forward(Expect::Query));
+            Ok(false)
+        }
+        // COPY data and anything else: the server judges it.
+        _ => {
+            out.extend_from_slice(frame.raw());
+            Ok(false)
+        }
+    }
+}
+
+fn text(bytes: &Bytes) -> Result<&str, WireError> {
+    std::str::from_utf8(bytes).map_err(|_| WireError::InvalidUtf8)
+}
+
+/// Before the first message of an extended-protocol batch: settings in line.
+fn batch_start(link: &mut Link<'_>, out: &mut BytesMut) {
+    if !link.mid_batch {
+        sync_settings(link, out);
+        link.mid_batch = true;
+    }
+}
+
+/// Brings the server's session settings in line with the client's (a swallowed Query).
+fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
+    if let Some(sql) = sync_sql(&link.client.settings, &mut link.server.settings) {
+        out.extend_from_slice(&frontend::query(&sql));
+        link.queue.push_back(Entry::swallow(Expect::Query));
+        link.server.unnamed = None;
+    }
+}
+
+fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Planner<'l> {
+    Planner {
+        registry,
+        in_block: link.client.status != wire::backend::TransactionStatus::Idle,
+        client: &mut link.client.statements,
+        server: &mut link.server.statements,
+        max_prepared: link.max_prepared,
+    }
+}
+
+fn query(
+    frame: Frame,
+    link: &mut Link<'_>,
+    registry: &StatementRegistry,
+    out: &mut BytesMut,
+) -> Result<(), WireError> {
+    sync_settings(link, out);
+    link.server.unnamed = None;
+    let body = frame.body();
+    let sql = body
+        .strip_suffix(b"\0")
+        .and_then(|b| std::str::from_utf8(b).ok());
+    let plan = match sql {
+        Some(sql) => planner(link, registry).plan(sql, Protocol::Simple),
+        None => Plan::Plain,
+    };
+    let mut entry = Entry::forward(Expect::Query);
+    match plan {
+        Plan::Plain => out.extend_from_slice(frame.raw()),
+        Plan::Refused(e) => out.extend_from_slice(&frontend::query(&raise_sql(&e))),
+        Plan::Tracked {
+            text,
+            outcomes,
+            prep,
+        } => {
+            emit_prep(&prep, false, link, out);
+            match text {
+                Some(text) => out.extend_from_slice(&frontend::query(&text)),
+                None => out.extend_from_slice(frame.raw()),
+            }
+            entry.outcomes = outcomes;
+        }
+    }
+    link.queue.push_back(entry);
+    Ok(())
+}
+
+fn parse(
+    frame: Frame,
+    link: &mut Link<'_>,
+    registry: &StatementRegistry,
+    out: &mut BytesMut,
+) -> Result<bool, WireError> {
+    let msg = Parse::decode(frame.body_bytes())?;
+    let name = text(&msg.name)?.to_owned();
+    let sql = text(&msg.query)?;
+    let named = !name.is_empty();
+    if named && link.client.statements.contains_key(&name) {
+        emit_raise(&duplicate(&name), link, out);
+        return Ok(false);
+    }
+    let (sql, outcome) = match planner(link, registry).plan(sql, Protocol::Extended { named }) {
+        Plan::Plain => (None, None),
+        Plan::Refused(e) => {
+            emit_raise(&e, link, out);
+            return Ok(false);
+        }
+        Plan::Tracked {
+            text,
+            outcomes,
+            prep,
+        } => {
+            emit_prep(&prep, true, link, out);
+            (text, outcomes.into_iter().next().map(Arc::new))
+        }
+    };
+    if !named {
+        let parse = match &sql {
+            None => frame.into_raw(),
+            Some(sql) => encode_parse("", sql, &msg.param_types),
+        };
+        link.client.parses += 1;
+        let seq = link.client.parses;
+        out.extend_from_slice(&parse);
+        link.client.unnamed = Some(Unnamed {
+            seq,
+            parse,
+            outcome,
+        });
+        link.server.unnamed = Some((link.client.tag, seq));
+        link.queue.push_back(Entry::forward(Expect::Parse));
+        return Ok(false);
+    }
+    let final_sql = sql
+        .as_deref()
+        .unwrap_or(std::str::from_utf8(&msg.query).unwrap_or_default());
+    let key = StatementKey {
+        text: final_sql.into(),
+        types: ParamTypes::Oids(msg.param_types.clone().into_boxed_slice()),
+    };
+    let statement = registry.get_or_register(key, |server_name| {
+        StatementSource::Parse(encode_parse(server_name, final_sql, &msg.param_types))
+    });
+    link.client
+        .statements
+        .insert(name.clone(), statement.clone());
+    if let Some(outcome) = outcome {
+        link.client.effects.insert(name.clone(), outcome);
+    }
+    if link.server.statements.touch(&statement) {
+        let mut entry = Entry::local(parse_complete());
+        entry.revert = Some(Revert {
+            statement,
+            client_name: Some(name),
+            on_server: false,
+        });
+        link.queue.push_back(entry);
+        return Ok(true);
+    }
+    if let Some(evicted) = link
+        .server
+        .statements
+        .insert(statement.clone(), link.max_prepared)
+    {
+        emit_prep(&[ServerPrep::Drop(evicted)], true, link, out);
+    }
+    let StatementSource::Parse(create) = &statement.create else {
+        unreachable!("protocol-level statements are created with Parse")
+    };
+    out.extend_from_slice(create);
+    let mut entry = Entry::forward(Expect::Parse);
+    entry.revert = Some(Revert {
+        statement,
+        client_name: Some(name),
+        on_server: true,
+    });
+    link.queue.push_back(entry);
+    Ok(false)
+}
+
+fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), WireError> {
+    let body = frame.body();
+    let portal_end = body
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or(WireError::MissingTerminator)?;
+    let rest = &body[portal_end + 1..];
+    let stmt_end = rest
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or(WireError::MissingTerminator)?;
+    let portal = &body[..portal_end];
+    let name = std::str::from_utf8(&rest[..stmt_end]).map_err(|_| WireError::InvalidUtf8)?;
+    let Some(server_name) = statement_for_use(name, link, out) else {
+        return Ok(());
+    };
+    match server_name {
+        None => out.extend_from_slice(frame.raw()),
+        Some(server_name) => {
+            let tail = &rest[stmt_end + 1..];
+            let len = 4 + portal.len() + 1 + server_name.len() + 1 + tail.len();
+            out.reserve(1 + len);
+            out.put_u8(frontend::tag::BIND);
+            out.put_u32(len as u32);
+            out.put_slice(portal);
+            out.put_u8(0);
+            out.put_slice(server_name.as_bytes());
+            out.put_u8(0);
+            out.put_slice(tail);
+        }
+    }
+    let outcome = if name.is_empty() {
+        link.client.unnamed.as_ref().and_then(|u| u.outcome.clone())
+    } else if link.client.effects.is_empty() {
+        None
+    } else {
+        link.client.effects.get(name).cloned()
+    };
+    match outcome {
+        Some(o) => {
+            link.portals.insert(Bytes::copy_from_slice(portal), o);
+        }
+        None if !link.portals.is_empty() => {
+            link.portals.remove(portal);
+        }
+        None => {}
+    }
+    link.queue.push_back(Entry::forward(Expect::Bind));
+    Ok(())
+}
+
+/// Gets the statement a Bind or Describe names ready on the server. `None`: the name is
+/// unknown and an error was raised instead; `Some(None)`: use the message as it is (the
+/// unnamed statement); `Some(Some(name))`: use pgmemo's name.
+fn statement_for_use(
+    name: &str,
+    link: &mut Link<'_>,
+    out: &mut BytesMut,
+) -> Option<Option<String>> {
+    if name.is_empty() {
+        restore_unnamed(link, out);
+        return Some(None);
+    }
+    let Some(statement) = link.client.statements.get(name).cloned() else {
+        emit_raise(&missing(name), link, out);
+        return None;
+    };
+    ensure(&statement, link, out);
+    Some(Some(statement.name.clone()))
+}
+
+fn ensure(statement: &Arc<PreparedStatement>, link: &mut Link<'_>, out: &mut BytesMut) {
+    let mut prep = Vec::new();
+    ensure_on(
+        &mut link.server.statements,
+        link.max_prepared,
+        statement,
+        &mut prep,
+    );
+    emit_prep(&prep, true, link, out);
+}
+
+/// Makes the server's unnamed statement the client's own again (or none, so that the server
+/// reports it missing just as PostgreSQL would).
+fn restore_unnamed(link: &mut Link<'_>, out: &mut BytesMut) {
+    let tag = link.client.tag;
+    match &link.client.unnamed {
+        Some(u) if link.server.unnamed != Some((tag, u.seq)) => {
+            out.extend_from_slice(&u.parse);
+            link.server.unnamed = Some((tag, u.seq));
+            link.queue.push_back(Entry::swallow(Expect::Parse));
+        }
+        Some(_) => {}
+        None if link.server.unnamed.is_some() => {
+            Close {
+                target: Target::Statement,
+                name: Bytes::new(),
+            }
+            .encode(out);
+            link.server.unnamed = None;
+            link.queue.push_back(Entry::swallow(Expect::Close));
+        }
+        None => {}
+    }
+}
+
+fn close(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, WireError> {
+    let msg = Close::decode(frame.body_bytes())?;
+    if msg.target == Target::Portal {
+        link.portals.remove(&msg.name);
+        out.extend_from_slice(frame.raw());
+        link.queue.push_back(Entry::forward(Expect::Close));
+        return Ok(false);
+    }
+    let name = text(&msg.name)?;
+    if name.is_empty() {
+        let own = link.client.unnamed.take();
+        if own.is_some_and(|u| link.server.unnamed == Some((link.client.tag, u.seq))) {
+            link.server.unnamed = None;
+            out.extend_from_slice(frame.raw());
+            link.queue.push_back(Entry::forward(Expect::Close));
+            return Ok(false);
+        }
+    } else {
+        link.client.statements.remove(name);
+        link.client.effects.remove(name);
+    }
+    link.queue.push_back(Entry::local(close_complete()));
+    Ok(true)
+}
+
+/// Sends what `prep` asks for; in the simple protocol a Sync closes the injected messages.
+fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut BytesMut) {
+    for p in prep {
+        match p {
+            ServerPrep::Drop(statement) => {
+                Close {
+                    target: Target::Statement,
+                    name: Bytes::from(statement.name.clone()),
+                }
+                .encode(out);
+                link.queue.push_back(Entry::swallow(Expect::Close));
+            }
+            ServerPrep::Create(statement) => match &statement.create {
+                StatementSource::Parse(parse) => {
+                    out.extend_from_slice(parse);
+                    link.queue.push_back(Entry::swallow(Expect::Parse));
+                }
+                StatementSource::Sql(sql) => {
+                    emit_unnamed_run(sql, link, out);
+                    link.queue.back_mut().expect("just queued").forward = false;
+                }
+            },
+        }
+    }
+    if !extended && !prep.is_empty() {
+        out.extend_from_slice(&frontend::sync());
+        link.queue.push_back(Entry::swallow(Expect::Sync));
+    }
+}
+
+/// Runs `sql` as the unnamed statement and portal: Parse and Bind are pgmemo's, the
+/// Execute's answer goes to the client.
+fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
+    out.extend_from_slice(&encode_parse("", sql, &[]));
+    Bind {
+        portal: Bytes::new(),
+        statement: Bytes::new(),
+        param_formats: Vec::new(),
+        params: Vec::new(),
+        result_formats: Vec::new(),
+    }
+    .encode(out);
+    Execute {
+        portal: Bytes::new(),
+        max_rows: 0,
+    }
+    .encode(out);
+    link.server.unnamed = None;
+    link.queue.push_back(Entry::swallow(Expect::Parse));
+    link.queue.push_back(Entry::swallow(Expect::Bind));
+    link.queue.push_back(Entry::forward(Expect::Execute));
+}
+
+/// Makes the server raise `error` as the answer to the client's current message, so that
+/// the batch and the transaction fail exactly as PostgreSQL would make them fail.
+fn emit_raise(error: &ErrorResponse, link: &mut Link<'_>, out: &mut BytesMut) {
+    emit_unnamed_run(&raise_sql(error), link, out);
+}
+
+fn encode_parse(name: &str, sql: &str, types: &[u32]) -> Bytes {
+    let mut out = BytesMut::with_capacity(sql.len() + name.len() + 16);
+    Parse {
+        name: Bytes::copy_from_slice(name.as_bytes()),
+        query: Bytes::copy_from_slice(sql.as_bytes()),
+        param_types: types.to_vec(),
+    }
+    .encode(&mut out);
+    out.freeze()
+}
+
+fn parse_complete() -> Bytes {
+    Bytes::from_static(b"1\0\0\0\x04")
+}
+
+fn close_complete() -> Bytes {
+    Bytes::from_static(b"3\0\0\0\x04")
+}

@@ -1,0 +1,312 @@
+//! Server to client, transaction pooling: each answer is matched with the queue entry of the
+//! message it answers. Answers to pgmemo's own messages are swallowed (errors excepted: the
+//! client must learn its request failed), pgmemo's own answers are inserted where they belong,
+//! command tags of statements pgmemo ran in another form are restored, and session-setting
+//! changes count once their transaction commits. ReadyForQuery with status Idle and nothing
+//! owed releases the server.
+
+use bytes::BytesMut;
+use wire::backend::{self, TransactionStatus};
+use wire::{FrameHeader, WireError};
+
+use super::commands::{Effect, Outcome};
+use super::link::{Expect, Link};
+use crate::pool::settings::commit;
+
+/// Largest server message pgmemo frames whole (it must see each message's end).
+pub const MAX_SERVER_FRAME: usize = 1 << 30;
+
+/// What one pass over the server's bytes produced.
+pub struct Processed {
+    /// Bytes at the front of the read buffer that were examined.
+    pub consumed: usize,
+    /// The client gets `buf[..consumed]` unchanged (nothing swallowed, replaced or inserted);
+    /// otherwise it gets `out`.
+    pub verbatim: bool,
+    /// The server can go back to the pool.
+    pub released: bool,
+    /// Size of an incomplete frame at the end, to make room for.
+    pub need: usize,
+}
+
+enum Action {
+    Forward,
+    Swallow,
+    Replace(BytesMut),
+}
+
+/// Processes the complete frames in `buf` (and pgmemo's own answers that are due).
+pub fn process(
+    buf: &[u8],
+    link: &mut Link<'_>,
+    params: &mut Vec<(String, String)>,
+    out: &mut BytesMut,
+) -> Result<Processed, WireError> {
+    let mut at = 0;
+    let mut verbatim = true;
+    let mut released = false;
+    let mut need = 0;
+    loop {
+        if emit_local(link, out, &buf[..at], &mut verbatim) && link.releasable() {
+            released = true;
+            break;
+        }
+        let Some(header) = FrameHeader::peek(&buf[at..], MAX_SERVER_FRAME)? else {
+            need = FrameHeader::SIZE;
+            break;
+        };
+        if buf.len() - at < header.frame_len {
+            need = header.frame_len;
+            break;
+        }
+        let frame = &buf[at..at + header.frame_len];
+        tracing::trace!(client = link.client.tag, tag = %char::from(header.tag), front = ?link.queue.front().map(|e| (e.expect, e.forward)), "server message");
+        let (action, ready) = on_message(header.tag, frame, link, params);
+        match action {
+            Action::Forward if verbatim => {}
+            Action::Forward => out.extend_from_slice(frame),
+            Action::Swallow | Action::Replace(_) => {
+                if verbatim {
+                    out.extend_from_slice(&buf[..at]);
+                    verbatim = false;
+                }
+                if let Action::Replace(bytes) = action {
+                    out.extend_from_slice(&bytes);
+                }
+            }
+        }
+        at += header.frame_len;
+        if ready {
+            // Answers pgmemo owes right after this ReadyForQuery go out with it.
+            emit_local(link, out, &buf[..at], &mut verbatim);
+            if link.releasable() {
+                released = true;
+                break;
+            }
+        }
+    }
+    Ok(Processed {
+        consumed: at,
+        verbatim,
+        released,
+        need,
+    })
+}
+
+/// Sends pgmemo's own answers that are at the front of the queue. Returns whether any was.
+fn emit_local(
+    link: &mut Link<'_>,
+    out: &mut BytesMut,
+    forwarded: &[u8],
+    verbatim: &mut bool,
+) -> bool {
+    let mut any = false;
+    while link
+        .queue
+        .front()
+        .is_some_and(|e| e.expect == Expect::Local)
+    {
+        let entry = link.queue.pop_front().expect("checked");
+        if *verbatim {
+            out.extend_from_slice(forwarded);
+            *verbatim = false;
+        }
+        if let Some(bytes) = entry.synthetic {
+            out.extend_from_slice(&bytes);
+        }
+        any = true;
+    }
+    any
+}
+
+/// Handles one server message; the flag says it was a ReadyForQuery.
+fn on_message(
+    tag: u8,
+    frame: &[u8],
+    link: &mut Link<'_>,
+    params: &mut Vec<(String, String)>,
+) -> (Action, bool) {
+    let forwarding = |link: &Link<'_>| {
+        if link.queue.front().is_none_or(|e| e.forward) {
+            Action::Forward
+        } else {
+            Action::Swallow
+        }
+    };
+    match tag {
+        backend::tag::NOTICE_RESPONSE | backend::tag::NOTIFICATION_RESPONSE => {
+            (forwarding(link), false)
+        }
+        backend::tag::PARAMETER_STATUS => {
+            if let Some((name, value)) = parameter(&frame[5..]) {
+                match params.iter_mut().find(|(k, _)| *k == name) {
+                    Some(slot) => slot.1 = value,
+                    None => params.push((name, value)),
+                }
+            }
+            (forwarding(link), false)
+        }
+        backend::tag::ERROR_RESPONSE => {
+            on_error(link);
+            (Action::Forward, false)
+        }
+        backend::tag::READY_FOR_QUERY => {
+            let status = frame
+                .get(5)
+                .and_then(|b| TransactionStatus::from_byte(*b).ok())
+                .unwrap_or(TransactionStatus::Failed);
+            let action = match link.queue.pop_front() {
+                Some(e) if !e.forward => Action::Swallow,
+                _ => Action::Forward,
+            };
+            link.client.status = status;
+            on_ready(link, status);
+            (action, true)
+        }
+        _ => (on_answer(tag, frame, link), false),
+    }
+}
+
+fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
+    let Some(entry) = link.queue.front_mut() else {
+        return Action::Forward;
+    };
+    let action = if entry.forward {
+        Action::Forward
+    } else {
+        Action::Swallow
+    };
+    let done = match (entry.expect, tag) {
+        (Expect::Parse, backend::tag::PARSE_COMPLETE)
+        | (Expect::Bind, backend::tag::BIND_COMPLETE)
+        | (Expect::Close, backend::tag::CLOSE_COMPLETE)
+        | (Expect::DescribeStatement | Expect::DescribePortal, backend::tag::ROW_DESCRIPTION)
+        | (Expect::DescribeStatement | Expect::DescribePortal, backend::tag::NO_DATA)
+        | (Expect::Execute, backend::tag::EMPTY_QUERY_RESPONSE | backend::tag::PORTAL_SUSPENDED) => {
+            true
+        }
+        (Expect::Query, backend::tag::EMPTY_QUERY_RESPONSE) => {
+            entry.next += 1;
+            false
+        }
+        (Expect::Execute | Expect::Query, backend::tag::COMMAND_COMPLETE) => {
+            let outcome = entry.outcomes.get(entry.next).cloned();
+            entry.next += 1;
+            let done = entry.expect == Expect::Execute;
+            let forward = entry.forward;
+            if done {
+                link.queue.pop_front();
+            }
+            let replaced = completed(&frame[5..], outcome, link);
+            return match (forward, replaced) {
+                (false, _) => Action::Swallow,
+                (true, Some(bytes)) => Action::Replace(bytes),
+                (true, None) => Action::Forward,
+            };
+        }
+        _ => false,
+    };
+    if done {
+        if let Some(entry) = link.queue.pop_front() {
+            if let (Expect::Parse, Some(revert)) = (entry.expect, entry.revert) {
+                revert
+                    .statement
+                    .validated
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+    action
+}
+
+/// A statement completed: its effect counts, COMMIT and ROLLBACK settle pending settings.
+/// Returns the CommandComplete to send instead, when the client expects another tag.
+fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Option<BytesMut> {
+    let tag = body.strip_suffix(b"\0").unwrap_or(body);
+    match tag {
+        b"COMMIT" => {
+            let pending = std::mem::take(&mut link.txn.pending);
+            commit(
+                &pending,
+                &mut link.client.settings,
+                &mut link.server.settings,
+            );
+            link.txn.failed = false;
+        }
+        b"ROLLBACK" => link.txn.rolled_back = true,
+        _ => {}
+    }
+    let outcome = outcome?;
+    match outcome.effect {
+        Effect::Setting(change) => link.txn.pending.push(change),
+        Effect::SettingsUnknown => link.server.settings.unknown = true,
+        Effect::Prepared { .. } | Effect::None => {}
+    }
+    outcome.tag.map(|t| {
+        let mut out = BytesMut::with_capacity(t.len() + 6);
+        backend::command_complete(t, &mut out);
+        out
+    })
+}
+
+/// An error ends the message it answers; in the extended protocol the server then skips
+/// everything up to Sync, so those entries are dropped (undoing what they assumed).
+fn on_error(link: &mut Link<'_>) {
+    link.txn.failed = true;
+    let Some(front) = link.queue.front_mut() else {
+        return;
+    };
+    if front.expect == Expect::Query {
+        let skipped = front
+            .outcomes
+            .split_off(front.next.min(front.outcomes.len()));
+        if !front.forward {
+            link.server.settings.unknown = true;
+        }
+        link.revert_outcomes(&skipped);
+        return;
+    }
+    let mut first = true;
+    while let Some(entry) = link.queue.front() {
+        if !first && entry.expect == Expect::Sync {
+            break;
+        }
+        first = false;
+        let entry = link.queue.pop_front().expect("checked");
+        if let Some(revert) = entry.revert {
+            link.revert(revert);
+        }
+        link.revert_outcomes(&entry.outcomes[entry.next.min(entry.outcomes.len())..]);
+    }
+}
+
+/// ReadyForQuery: a transaction that ended settles its setting changes; a ROLLBACK TO
+/// SAVEPOINT may have undone some of them, which pgmemo cannot tell apart.
+fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
+    match status {
+        TransactionStatus::Idle => {
+            let txn = std::mem::take(&mut link.txn);
+            if !txn.failed && !txn.rolled_back {
+                commit(
+                    &txn.pending,
+                    &mut link.client.settings,
+                    &mut link.server.settings,
+                );
+            }
+        }
+        TransactionStatus::InTransaction if link.txn.rolled_back => {
+            if !link.txn.pending.is_empty() {
+                link.server.settings.unknown = true;
+            }
+            link.txn.rolled_back = false;
+        }
+        _ => {}
+    }
+}
+
+fn parameter(body: &[u8]) -> Option<(String, String)> {
+    let mut parts = body.split(|&b| b == 0);
+    let name = std::str::from_utf8(parts.next()?).ok()?;
+    let value = std::str::from_utf8(parts.next()?).ok()?;
+    Some((name.to_owned(), value.to_owned()))
+}

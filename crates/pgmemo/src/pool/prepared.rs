@@ -1,0 +1,233 @@
+//! Prepared statements under transaction pooling. A client's statement names mean nothing to a
+//! server connection it may never have used, so pgmemo keeps one process-wide
+//! [`StatementRegistry`] of statements keyed by what defines them (text and parameter types),
+//! each with pgmemo's own server-side name, and every server connection remembers which of
+//! them it has prepared ([`ServerStatements`], least recently used closed beyond
+//! `max_prepared_statements`). Two clients may then both call their statement "s1" while a
+//! server holds one `pgmemo_7` for each distinct text.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::Bytes;
+
+/// How a statement's parameter types were given: OIDs in a protocol-level Parse, or type
+/// names as SQL text in `PREPARE name (types) AS ...`. The two never share a server-side
+/// statement (`int4` and `integer` would have to be resolved by the server to compare).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ParamTypes {
+    Oids(Box<[u32]>),
+    Sql(Box<[String]>),
+}
+
+/// What makes two prepared statements the same on a server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StatementKey {
+    pub text: Box<str>,
+    pub types: ParamTypes,
+}
+
+/// One statement as servers know it.
+#[derive(Debug)]
+pub struct PreparedStatement {
+    /// Unique for the life of the process (while any client or server holds the statement).
+    pub id: u64,
+    /// pgmemo's name for it on every server: `pgmemo_<id>`.
+    pub name: String,
+    pub key: StatementKey,
+    /// The Parse message (protocol-level statements) or the `PREPARE` statement (SQL-level)
+    /// that creates it on a server that lacks it.
+    pub create: StatementSource,
+    /// A server accepted it once: a client's Parse of it can be answered without a server
+    /// (clients that prepare synchronously while others hold every server must not wait).
+    pub validated: std::sync::atomic::AtomicBool,
+}
+
+/// How to create a statement on a server.
+#[derive(Debug, Clone)]
+pub enum StatementSource {
+    /// A complete Parse message under pgmemo's name.
+    Parse(Bytes),
+    /// `PREPARE pgmemo_<id> (types) AS ...`.
+    Sql(String),
+}
+
+/// The process-wide registry. Entries are weak: a statement no client maps and no server has
+/// prepared is forgotten.
+#[derive(Default)]
+pub struct StatementRegistry {
+    statements: Mutex<HashMap<StatementKey, Weak<PreparedStatement>>>,
+    next_id: AtomicU64,
+    /// Live-entry count at the last sweep of dead entries: the map is swept when it doubles.
+    swept_at: AtomicU64,
+    next_client: AtomicU64,
+}
+
+impl StatementRegistry {
+    /// The statement for `key`, registered on first use with `create` built for its name.
+    pub fn get_or_register(
+        &self,
+        key: StatementKey,
+        create: impl FnOnce(&str) -> StatementSource,
+    ) -> Arc<PreparedStatement> {
+        let mut map = self.statements.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(live) = map.get(&key).and_then(Weak::upgrade) {
+            return live;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let name = format!("pgmemo_{id}");
+        let statement = Arc::new(PreparedStatement {
+            id,
+            create: create(&name),
+            name,
+            key: key.clone(),
+            validated: Default::default(),
+        });
+        map.insert(key, Arc::downgrade(&statement));
+        let swept = self.swept_at.load(Ordering::Relaxed).max(1024);
+        if map.len() as u64 > 2 * swept {
+            map.retain(|_, weak| weak.strong_count() > 0);
+            self.swept_at.store(map.len() as u64, Ordering::Relaxed);
+        }
+        statement
+    }
+
+    /// The statement for `key` if one is registered.
+    pub fn get(&self, key: &StatementKey) -> Option<Arc<PreparedStatement>> {
+        let map = self.statements.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(key).and_then(Weak::upgrade)
+    }
+
+    /// Statements known now (for statistics and tests).
+    pub fn len(&self) -> usize {
+        let map = self.statements.lock().unwrap_or_else(|e| e.into_inner());
+        map.values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Whether no statement is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A number no other client session of this process has: tells server connections whose
+    /// unnamed statement they hold.
+    pub fn new_client_tag(&self) -> u64 {
+        self.next_client.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// The statements one server connection has prepared, with use counters for `SHOW SERVERS`.
+#[derive(Default)]
+pub struct ServerStatements {
+    prepared: HashMap<u64, (Arc<PreparedStatement>, u64)>,
+    clock: u64,
+    /// Uses of a statement the server already had.
+    pub hits: u64,
+    /// Statements pgmemo had to prepare on this server first.
+    pub misses: u64,
+}
+
+impl ServerStatements {
+    /// Whether the server has `statement`; a use counts as a hit and refreshes it.
+    pub fn touch(&mut self, statement: &PreparedStatement) -> bool {
+        self.clock += 1;
+        match self.prepared.get_mut(&statement.id) {
+            Some(entry) => {
+                entry.1 = self.clock;
+                self.hits += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records that `statement` is being prepared on the server. Returns the least recently
+    /// used statement to close first when the server would otherwise hold more than `max`.
+    pub fn insert(
+        &mut self,
+        statement: Arc<PreparedStatement>,
+        max: usize,
+    ) -> Option<Arc<PreparedStatement>> {
+        self.clock += 1;
+        self.misses += 1;
+        let evicted = if self.prepared.len() >= max.max(1) {
+            let oldest = self
+                .prepared
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(id, _)| *id);
+            oldest.and_then(|id| self.prepared.remove(&id)).map(|e| e.0)
+        } else {
+            None
+        };
+        self.prepared.insert(statement.id, (statement, self.clock));
+        evicted
+    }
+
+    /// Forgets a statement whose preparation failed.
+    pub fn remove(&mut self, id: u64) {
+        self.prepared.remove(&id);
+    }
+
+    /// Statements prepared now.
+    pub fn len(&self) -> usize {
+        self.prepared.len()
+    }
+
+    /// Whether none is prepared.
+    pub fn is_empty(&self) -> bool {
+        self.prepared.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(text: &str) -> StatementKey {
+        StatementKey {
+            text: text.into(),
+            types: ParamTypes::Oids(Box::new([])),
+        }
+    }
+
+    fn sql(name: &str) -> StatementSource {
+        StatementSource::Sql(format!("PREPARE {name} AS SELECT 1"))
+    }
+
+    #[test]
+    fn one_statement_per_text_and_types_while_someone_holds_it() {
+        let registry = StatementRegistry::default();
+        let a = registry.get_or_register(key("SELECT 1"), sql);
+        let b = registry.get_or_register(key("SELECT 1"), sql);
+        assert_eq!(a.id, b.id);
+        assert_eq!(a.name, format!("pgmemo_{}", a.id));
+        let other_types = StatementKey {
+            text: "SELECT 1".into(),
+            types: ParamTypes::Oids(Box::new([23])),
+        };
+        assert_ne!(registry.get_or_register(other_types, sql).id, a.id);
+        let id = a.id;
+        drop((a, b));
+        assert_ne!(registry.get_or_register(key("SELECT 1"), sql).id, id);
+    }
+
+    #[test]
+    fn servers_close_the_least_recently_used_beyond_the_limit() {
+        let registry = StatementRegistry::default();
+        let s: Vec<_> = (0..3)
+            .map(|i| registry.get_or_register(key(&format!("SELECT {i}")), sql))
+            .collect();
+        let mut server = ServerStatements::default();
+        assert!(server.insert(s[0].clone(), 2).is_none());
+        assert!(server.insert(s[1].clone(), 2).is_none());
+        assert!(server.touch(&s[0]));
+        let evicted = server.insert(s[2].clone(), 2).expect("full");
+        assert_eq!(evicted.id, s[1].id);
+        assert!(!server.touch(&s[1]));
+        assert!(server.touch(&s[2]));
+        assert_eq!(server.len(), 2);
+        assert_eq!((server.hits, server.misses), (2, 3));
+    }
+}

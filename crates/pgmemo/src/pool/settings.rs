@@ -1,0 +1,325 @@
+//! Step 5 of the query path, transaction pooling: session settings kept in step per server
+//! connection. A client's `SET`s (and the settings in its
+//! startup packet) belong to the client, not to whichever server connection ran them: pgmemo
+//! remembers them per client ([`ClientSettings`]), remembers what it has set on each server
+//! ([`ServerSettings`]), and before each request brings the server in line with the client
+//! ([`sync_sql`]). Changes made inside a transaction count only once it commits.
+
+use std::collections::BTreeMap;
+
+/// One change to a session setting, as the statement that made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingChange {
+    /// A new value for `name`, as the statement that sets it again (`SET name TO value`, or
+    /// `set_config` for raw values from a startup packet, whose list syntax SET would quote).
+    Set(String, String),
+    /// `RESET name` or `SET name TO DEFAULT`: back to the session default.
+    Reset(String),
+    /// `RESET ALL`.
+    ResetAll,
+}
+
+/// A setting change with where it happened: `real` changes ran on the server; the others
+/// (`DISCARD ALL`, answered by pgmemo) change only the client's view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrackedChange {
+    pub change: SettingChange,
+    pub real: bool,
+}
+
+/// What one client has set: its startup parameters (the session defaults `RESET` returns to)
+/// and its later `SET`s.
+#[derive(Debug, Clone, Default)]
+pub struct ClientSettings {
+    startup: BTreeMap<String, String>,
+    overrides: BTreeMap<String, String>,
+}
+
+impl ClientSettings {
+    /// Settings from the startup packet: `(name, raw value)`.
+    pub fn from_startup(params: &[(String, String)]) -> ClientSettings {
+        ClientSettings {
+            startup: params
+                .iter()
+                .map(|(k, v)| {
+                    let name = k.to_ascii_lowercase();
+                    let replay = set_raw_sql(&name, v);
+                    (name, replay)
+                })
+                .collect(),
+            overrides: BTreeMap::new(),
+        }
+    }
+
+    /// The value (as SQL) the client's session has for `name`, if it set one.
+    pub fn effective(&self, name: &str) -> Option<&String> {
+        self.overrides.get(name).or_else(|| self.startup.get(name))
+    }
+
+    fn apply(&mut self, change: &SettingChange) {
+        match change {
+            SettingChange::Set(name, value) => {
+                self.overrides.insert(name.clone(), value.clone());
+            }
+            SettingChange::Reset(name) => {
+                self.overrides.remove(name);
+            }
+            SettingChange::ResetAll => self.overrides.clear(),
+        }
+    }
+
+    fn names(&self) -> impl Iterator<Item = &String> {
+        self.startup.keys().chain(
+            self.overrides
+                .keys()
+                .filter(|k| !self.startup.contains_key(*k)),
+        )
+    }
+}
+
+/// What pgmemo has set on one server connection beyond the server's own defaults.
+#[derive(Debug, Clone, Default)]
+pub struct ServerSettings {
+    applied: BTreeMap<String, String>,
+    /// A statement changed settings in a way pgmemo cannot follow (`set_config`, a rolled back
+    /// savepoint): the next sync starts with `RESET ALL`.
+    pub unknown: bool,
+}
+
+impl ServerSettings {
+    fn apply(&mut self, change: &SettingChange) {
+        match change {
+            SettingChange::Set(name, value) => {
+                self.applied.insert(name.clone(), value.clone());
+            }
+            SettingChange::Reset(name) => {
+                self.applied.remove(name);
+            }
+            SettingChange::ResetAll => self.applied.clear(),
+        }
+    }
+}
+
+/// Applies the changes of a committed transaction to both views.
+pub fn commit(changes: &[TrackedChange], client: &mut ClientSettings, server: &mut ServerSettings) {
+    for c in changes {
+        client.apply(&c.change);
+        if c.real {
+            server.apply(&c.change);
+        }
+    }
+}
+
+/// The statements that make the server's settings equal the client's, or `None` when they
+/// already are. On success the caller records `server` as in step (done here, optimistically:
+/// a failure marks the server unknown).
+pub fn sync_sql(client: &ClientSettings, server: &mut ServerSettings) -> Option<String> {
+    let mut sql = String::new();
+    if server.unknown {
+        sql.push_str("RESET ALL;");
+        server.applied.clear();
+        server.unknown = false;
+    }
+    let stale: Vec<String> = server
+        .applied
+        .keys()
+        .filter(|k| client.effective(k).is_none())
+        .cloned()
+        .collect();
+    for name in stale {
+        sql.push_str(&format!("RESET {name};"));
+        server.applied.remove(&name);
+    }
+    for name in client.names() {
+        let value = client.effective(name).expect("listed names have values");
+        if server.applied.get(name) != Some(value) {
+            sql.push_str(value);
+            sql.push(';');
+            server.applied.insert(name.clone(), value.clone());
+        }
+    }
+    (!sql.is_empty()).then_some(sql)
+}
+
+/// The statement that sets `name` from a raw value, as a startup packet would.
+pub fn set_raw_sql(name: &str, value: &str) -> String {
+    format!(
+        "SELECT pg_catalog.set_config({}, {}, false)",
+        quote_literal(name),
+        quote_literal(value)
+    )
+}
+
+/// The statement that replays `SET name TO values`.
+pub fn set_sql(name: &str, values: &str) -> String {
+    format!("SET {name} TO {values}")
+}
+
+/// A setting name safe to splice into `SET name`: letters, digits, `_`, `$` and the dots of
+/// custom (`myapp.user`) settings.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b == b'.')
+}
+
+/// A string as a SQL literal whatever `standard_conforming_strings` says.
+pub fn quote_literal(value: &str) -> String {
+    if value.contains('\\') {
+        format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+    } else {
+        format!("'{}'", value.replace('\'', "''"))
+    }
+}
+
+/// Splits a startup `options` value (`-c name=value --name=value`, backslash escapes a space)
+/// into settings; `None` when it holds anything else (command-line switches pgmemo cannot
+/// replay with SET).
+pub fn parse_options(options: &str) -> Option<Vec<(String, String)>> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => word.extend(chars.next()),
+            c if c.is_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let mut settings = Vec::new();
+    let mut iter = words.into_iter();
+    while let Some(w) = iter.next() {
+        let pair = if w == "-c" {
+            iter.next()?
+        } else if let Some(rest) = w.strip_prefix("--").or_else(|| w.strip_prefix("-c")) {
+            rest.to_owned()
+        } else {
+            return None;
+        };
+        let (name, value) = pair.split_once('=')?;
+        let name = name.replace('-', "_").to_ascii_lowercase();
+        if !valid_name(&name) {
+            return None;
+        }
+        settings.push((name, value.to_owned()));
+    }
+    Some(settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(name: &str, value: &str) -> TrackedChange {
+        TrackedChange {
+            change: SettingChange::Set(name.into(), value.into()),
+            real: true,
+        }
+    }
+
+    #[test]
+    fn a_server_is_brought_in_line_with_each_client() {
+        let mut a = ClientSettings::from_startup(&[("application_name".into(), "a".into())]);
+        let b = ClientSettings::default();
+        let mut server = ServerSettings::default();
+        assert_eq!(
+            sync_sql(&a, &mut server).as_deref(),
+            Some("SELECT pg_catalog.set_config('application_name', 'a', false);")
+        );
+        assert_eq!(sync_sql(&a, &mut server), None);
+        commit(
+            &[set("timezone", "SET timezone TO 'UTC'")],
+            &mut a,
+            &mut server,
+        );
+        assert_eq!(sync_sql(&a, &mut server), None);
+        assert_eq!(
+            sync_sql(&b, &mut server).as_deref(),
+            Some("RESET application_name;RESET timezone;")
+        );
+        assert_eq!(
+            sync_sql(&a, &mut server).as_deref(),
+            Some(
+                "SELECT pg_catalog.set_config('application_name', 'a', false);\
+                 SET timezone TO 'UTC';"
+            )
+        );
+    }
+
+    #[test]
+    fn reset_returns_to_the_startup_value_and_discard_is_client_only() {
+        let mut a = ClientSettings::from_startup(&[("datestyle".into(), "ISO".into())]);
+        let mut server = ServerSettings::default();
+        sync_sql(&a, &mut server);
+        commit(
+            &[set("datestyle", "SET datestyle TO 'SQL'")],
+            &mut a,
+            &mut server,
+        );
+        let reset = TrackedChange {
+            change: SettingChange::Reset("datestyle".into()),
+            real: true,
+        };
+        commit(&[reset], &mut a, &mut server);
+        assert_eq!(
+            sync_sql(&a, &mut server).as_deref(),
+            Some("SELECT pg_catalog.set_config('datestyle', 'ISO', false);")
+        );
+        commit(
+            &[set("search_path", "SET search_path TO 'x'")],
+            &mut a,
+            &mut server,
+        );
+        let discard = TrackedChange {
+            change: SettingChange::ResetAll,
+            real: false,
+        };
+        commit(&[discard], &mut a, &mut server);
+        assert_eq!(
+            sync_sql(&a, &mut server).as_deref(),
+            Some("RESET search_path;")
+        );
+    }
+
+    #[test]
+    fn unknown_server_state_starts_over() {
+        let a = ClientSettings::from_startup(&[("timezone".into(), "UTC".into())]);
+        let mut server = ServerSettings {
+            unknown: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            sync_sql(&a, &mut server).as_deref(),
+            Some("RESET ALL;SELECT pg_catalog.set_config('timezone', 'UTC', false);")
+        );
+    }
+
+    #[test]
+    fn options_become_settings() {
+        assert_eq!(
+            parse_options("-c search_path=a,b --statement-timeout=5s -cDateStyle=ISO"),
+            Some(vec![
+                ("search_path".into(), "a,b".into()),
+                ("statement_timeout".into(), "5s".into()),
+                ("datestyle".into(), "ISO".into()),
+            ])
+        );
+        assert_eq!(
+            parse_options(r"-c application_name=a\ b"),
+            Some(vec![("application_name".into(), "a b".into())])
+        );
+        assert_eq!(parse_options("-B 100"), None);
+        assert_eq!(parse_options("-c x;drop=1"), None);
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_literal(r"a\b"), r"E'a\\b'");
+    }
+}

@@ -1,0 +1,208 @@
+//! A parser-free prefilter for transaction pooling: one pass over the bytes of a query string
+//! that tells whether it could touch session state, so that the proxy runs the full
+//! [`analyze`](crate::analyze) only for the few strings that might.
+//!
+//! The answer may be a false positive (that only costs a parse) but never a false negative
+//! (that would let session state leak between clients sharing a server connection). The scan
+//! does not track string literals, quoted identifiers or dollar quotes: every `;` is taken as a
+//! possible statement boundary and every word is checked, inside literals and comments too.
+//! Comments are skipped only to find the first word of a statement, and without trusting them:
+//! a `/*` or `--` that turns out to sit inside a literal cannot hide a later statement (see
+//! [`Starts`]).
+
+/// Words that make a statement session-affecting when they begin it: settings (`SET`,
+/// `RESET`), SQL-level prepared statements, `DISCARD`, `LISTEN`/`UNLISTEN` and cursors. Matched
+/// only at a statement start, since `SET` also appears inside every `UPDATE`.
+const STATEMENT_WORDS: [&[u8]; 8] = [
+    b"SET",
+    b"RESET",
+    b"PREPARE",
+    b"DEALLOCATE",
+    b"DISCARD",
+    b"LISTEN",
+    b"UNLISTEN",
+    b"DECLARE",
+];
+
+/// Words that matter wherever they appear: temporary relations, the function form of `SET`,
+/// session-level advisory locks, and `EXECUTE`, which also runs a session's prepared statement
+/// from inside `EXPLAIN EXECUTE` and `CREATE TABLE ... AS EXECUTE`.
+const ANYWHERE_WORDS: [&[u8]; 8] = [
+    b"TEMP",
+    b"TEMPORARY",
+    b"EXECUTE",
+    b"SET_CONFIG",
+    b"PG_ADVISORY_LOCK",
+    b"PG_ADVISORY_LOCK_SHARED",
+    b"PG_TRY_ADVISORY_LOCK",
+    b"PG_TRY_ADVISORY_LOCK_SHARED",
+];
+
+/// Words starting with this name the session's temporary schema (`pg_temp`, `pg_temp_3`):
+/// `CREATE TABLE pg_temp.t` makes a temporary table without saying `TEMP`.
+const TEMP_SCHEMA_PREFIX: &[u8] = b"PG_TEMP";
+
+/// Whether `sql` could contain a statement that changes or depends on session state: one that
+/// begins with `SET`, `RESET`, `PREPARE`, `EXECUTE`, `DEALLOCATE`, `DISCARD`, `LISTEN`,
+/// `UNLISTEN` or `DECLARE`, or that mentions anywhere `TEMP`, `TEMPORARY`, `EXECUTE`,
+/// `pg_temp...`, `set_config` or a session-level advisory lock function (`pg_advisory_lock`,
+/// `pg_advisory_lock_shared`, `pg_try_advisory_lock`, `pg_try_advisory_lock_shared`).
+///
+/// The transaction pooler calls it on every query string: `false` means the full
+/// [`analyze`](crate::analyze) would find nothing session-affecting and can be skipped; `true`
+/// means it must run. Words are ASCII case-insensitive and whole (identifier characters are
+/// ASCII letters, digits, `_` and `$`), quoted or not. A statement begins at the start of the
+/// text or after any `;`, past whitespace, comments (`--`, nested `/* */`) and `(`. A unicode
+/// escape identifier (`U&"..."`) can spell any function name, so it always answers `true`.
+///
+/// Single pass, no allocation, no parser.
+///
+/// ```
+/// assert!(sql::may_affect_session("/* c */ SET search_path = app"));
+/// assert!(sql::may_affect_session("select 1; select pg_advisory_lock(7)"));
+/// assert!(!sql::may_affect_session("UPDATE accounts SET balance = 0 WHERE id = 1"));
+/// ```
+pub fn may_affect_session(sql: &str) -> bool {
+    let bytes = sql.as_bytes();
+    let mut starts = Starts::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if is_ident(b) {
+            let end = bytes[i..]
+                .iter()
+                .position(|&c| !is_ident(c))
+                .map_or(bytes.len(), |n| i + n);
+            let word = &bytes[i..end];
+            if (starts.at_start() && is_statement_word(word)) || is_anywhere_word(word) {
+                return true;
+            }
+            starts.token();
+            i = end;
+            continue;
+        }
+        let next = bytes.get(i + 1).copied();
+        let step = match (b, next) {
+            (b'/', Some(b'*')) => {
+                if !starts.open_comment() {
+                    return true;
+                }
+                2
+            }
+            (b'*', Some(b'/')) => {
+                starts.close_comment();
+                2
+            }
+            (b'-', Some(b'-')) => {
+                starts.line_comment();
+                2
+            }
+            (b'\n' | b'\r', _) => {
+                starts.newline();
+                1
+            }
+            (b';', _) => {
+                starts.semicolon();
+                1
+            }
+            (b' ' | b'\t' | b'\x0b' | b'\x0c' | b'(', _) => 1,
+            (b'&', Some(b'"')) if i > 0 && bytes[i - 1].eq_ignore_ascii_case(&b'u') => {
+                return true;
+            }
+            _ => {
+                starts.token();
+                1
+            }
+        };
+        i += step;
+    }
+    false
+}
+
+/// Every reading of the text seen so far that is still at a statement start.
+///
+/// Without tracking literals the scan cannot know whether a `/*` or `--` after a `;` really
+/// opens a comment (`SELECT ';--'; SET x = 1` has a `--` inside a literal), so it follows
+/// every reading in which it does, all at once: each `;` starts a reading at a statement start,
+/// and the readings that entered a block comment there differ only in how deep they are
+/// nested. The real lexing is always among them, so a statement start is never missed.
+#[derive(Debug, Clone, Copy)]
+struct Starts {
+    /// Bit 0: a reading is at a statement start, outside comments. Bit `d` > 0: a reading is
+    /// `d` levels deep in a block comment that it entered at a statement start.
+    open: u64,
+    /// A reading is in a `--` comment that it entered at a statement start.
+    line: bool,
+}
+
+impl Starts {
+    /// The text itself begins a statement.
+    fn new() -> Self {
+        Self {
+            open: 1,
+            line: false,
+        }
+    }
+
+    /// Whether some reading is at a statement start, so the next word may begin a statement.
+    fn at_start(self) -> bool {
+        self.open & 1 != 0
+    }
+
+    /// A word or any other token that is neither whitespace, `(`, a comment nor `;`: readings
+    /// at a statement start are past it; the others are inside comments and do not care.
+    fn token(&mut self) {
+        self.open &= !1;
+    }
+
+    /// A possible statement boundary.
+    fn semicolon(&mut self) {
+        self.open |= 1;
+    }
+
+    /// `/*`: opens a comment at a statement start, nests one level deeper in comments. False
+    /// when the readings nest deeper than the scan can follow; the caller then answers `true`.
+    fn open_comment(&mut self) -> bool {
+        if self.open >> 63 != 0 {
+            return false;
+        }
+        self.open <<= 1;
+        true
+    }
+
+    /// `*/`: closes one level; readings that leave their comment are at a statement start again,
+    /// and one at a statement start outside comments has met an operator.
+    fn close_comment(&mut self) {
+        self.open >>= 1;
+    }
+
+    /// `--`: a reading at a statement start enters a line comment.
+    fn line_comment(&mut self) {
+        self.line |= self.at_start();
+        self.token();
+    }
+
+    /// A line break: ends line comments (PostgreSQL ends them at `\n` or `\r`).
+    fn newline(&mut self) {
+        if self.line {
+            self.open |= 1;
+            self.line = false;
+        }
+    }
+}
+
+/// Identifier characters, as far as whole-word matching is concerned.
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_' || b == b'$'
+}
+
+fn is_statement_word(word: &[u8]) -> bool {
+    STATEMENT_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
+}
+
+fn is_anywhere_word(word: &[u8]) -> bool {
+    ANYWHERE_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
+        || word
+            .get(..TEMP_SCHEMA_PREFIX.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX))
+}
