@@ -110,6 +110,9 @@ pub struct ServerSession {
     /// `(client tag, parse number)` of the client Parse that made the unnamed statement.
     pub unnamed: Option<(u64, u64)>,
     pub settings: super::settings::ServerSettings,
+    /// Statements whose plan went stale after DDL: closed before the next request, so that
+    /// their next use prepares them again with the new result shape.
+    pub stale: Vec<String>,
 }
 
 impl ServerConn {

@@ -71,6 +71,9 @@ pub struct Entry {
     pub outcomes: Vec<Outcome>,
     pub next: usize,
     pub revert: Option<Revert>,
+    /// The server-side statement a Bind uses: closed and prepared again when the server says
+    /// its plan no longer matches the table (`cached plan must not change result type`).
+    pub uses: Option<Arc<PreparedStatement>>,
 }
 
 impl Entry {
@@ -83,6 +86,7 @@ impl Entry {
             outcomes: Vec::new(),
             next: 0,
             revert: None,
+            uses: None,
         }
     }
 

@@ -125,8 +125,19 @@ fn batch_start(link: &mut Link<'_>, out: &mut BytesMut) {
     }
 }
 
-/// Brings the server's session settings in line with the client's (a swallowed Query).
+/// Brings the server's session settings in line with the client's (a swallowed Query), and
+/// closes statements whose plans went stale.
 fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
+    for name in std::mem::take(&mut link.server.stale) {
+        Close {
+            target: Target::Statement,
+            name: Bytes::from(name),
+        }
+        .encode(out);
+        link.queue.push_back(Entry::swallow(Expect::Close));
+        out.extend_from_slice(&frontend::sync());
+        link.queue.push_back(Entry::swallow(Expect::Sync));
+    }
     if let Some(sql) = sync_sql(&link.client.settings, &mut link.server.settings) {
         out.extend_from_slice(&frontend::query(&sql));
         link.queue.push_back(Entry::swallow(Expect::Query));
@@ -321,7 +332,11 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         }
         None => {}
     }
-    link.queue.push_back(Entry::forward(Expect::Bind));
+    let mut entry = Entry::forward(Expect::Bind);
+    if !name.is_empty() {
+        entry.uses = link.client.statements.get(name).cloned();
+    }
+    link.queue.push_back(entry);
     Ok(())
 }
 

@@ -147,6 +147,7 @@ fn on_message(
             (forwarding(link), false)
         }
         backend::tag::ERROR_RESPONSE => {
+            note_stale_plan(&frame[5..], link);
             on_error(link);
             (Action::Forward, false)
         }
@@ -247,6 +248,26 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
         backend::command_complete(t, &mut out);
         out
     })
+}
+
+/// After DDL changed a table's row type, a statement prepared before it fails at Bind with
+/// "cached plan must not change result type" on every use: pgmemo forgets it on this server
+/// (and closes it before the next request), so the client's next execution succeeds.
+fn note_stale_plan(body: &[u8], link: &mut Link<'_>) {
+    let Some(entry) = link.queue.front() else {
+        return;
+    };
+    let Some(statement) = entry.uses.clone() else {
+        return;
+    };
+    let stale = wire::ErrorResponse::parse(body).is_ok_and(|e| {
+        e.code == wire::sqlstate::FEATURE_NOT_SUPPORTED
+            && e.message == "cached plan must not change result type"
+    });
+    if stale {
+        link.server.statements.remove(statement.id);
+        link.server.stale.push(statement.name.clone());
+    }
 }
 
 /// An error ends the message it answers; in the extended protocol the server then skips
