@@ -74,6 +74,8 @@ pub struct Entry {
     /// The server-side statement a Bind uses: closed and prepared again when the server says
     /// its plan no longer matches the table (`cached plan must not change result type`).
     pub uses: Option<Arc<PreparedStatement>>,
+    /// For a Bind: its position in `Link::batch`.
+    pub frame: usize,
 }
 
 impl Entry {
@@ -87,6 +89,7 @@ impl Entry {
             next: 0,
             revert: None,
             uses: None,
+            frame: 0,
         }
     }
 
@@ -128,6 +131,12 @@ pub struct Link<'a> {
     /// Extended-protocol messages were sent since the last Sync.
     pub mid_batch: bool,
     pub max_prepared: usize,
+    /// The client's messages of the current extended-protocol batch, kept for a retry.
+    pub batch: Vec<wire::Frame>,
+    /// Replay `batch[n..]`: a statement's plan went stale and the batch is retried once.
+    pub retry: Option<usize>,
+    /// This batch was retried already.
+    pub retried: bool,
 }
 
 impl Link<'_> {
@@ -169,6 +178,9 @@ impl Link<'_> {
     /// Whether the server may go back to the pool: every answer delivered, the client between
     /// transactions and not in the middle of an extended-protocol batch.
     pub fn releasable(&self) -> bool {
-        self.queue.is_empty() && self.client.status == TransactionStatus::Idle && !self.mid_batch
+        self.queue.is_empty()
+            && self.client.status == TransactionStatus::Idle
+            && !self.mid_batch
+            && self.retry.is_none()
     }
 }

@@ -286,12 +286,17 @@ async fn serve_attached(
         txn: TxnTrack::default(),
         mid_batch: false,
         max_prepared: opts.max_prepared,
+        batch: Vec::new(),
+        retry: None,
+        retried: false,
     });
     let wake = Notify::new();
+    let retry = Notify::new();
     let attached = {
         let pumps = Pumps {
             link: &link,
             wake: &wake,
+            retry: &retry,
             registry: &shared.pools.statements,
             opts: &opts,
         };
@@ -336,6 +341,8 @@ async fn serve_attached(
 struct Pumps<'p, 'l> {
     link: &'p Mutex<Link<'l>>,
     wake: &'p Notify,
+    /// Wakes the client pump to replay a batch (see `Link::retry`).
+    retry: &'p Notify,
     registry: &'p StatementRegistry,
     opts: &'p AttachOptions<'p>,
 }
@@ -429,6 +436,18 @@ impl Pumps<'_, '_> {
         loop {
             let mut terminate = false;
             let mut wake = false;
+            {
+                let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(from) = link.retry.take() {
+                    let from = from.min(link.batch.len());
+                    let frames = link.batch.split_off(from);
+                    for frame in frames {
+                        wake |= requests::translate(frame, &mut link, self.registry, &mut out)
+                            .map_err(PumpError::Protocol)?;
+                    }
+                    link.retried = true;
+                }
+            }
             loop {
                 let frame = match Frame::decode(buf, self.opts.max_message) {
                     Ok(Some(frame)) => frame,
@@ -455,8 +474,14 @@ impl Pumps<'_, '_> {
                 return Ok(true);
             }
             refill_position(buf);
-            if reader.read_buf(buf).await.map_err(PumpError::Client)? == 0 {
-                return Ok(false);
+            tokio::select! {
+                biased;
+                r = reader.read_buf(buf) => {
+                    if r.map_err(PumpError::Client)? == 0 {
+                        return Ok(false);
+                    }
+                }
+                _ = self.retry.notified() => {}
             }
         }
     }
@@ -479,6 +504,9 @@ impl Pumps<'_, '_> {
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 let p = responses::process(buf, &mut link, params, &mut out)
                     .map_err(PumpError::ServerProtocol)?;
+                if link.retry.is_some() {
+                    self.retry.notify_one();
+                }
                 let idle_in_txn =
                     link.queue.is_empty() && link.client.status != TransactionStatus::Idle;
                 (p, idle_in_txn)

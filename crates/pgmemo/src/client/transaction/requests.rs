@@ -29,7 +29,22 @@ pub fn translate(
     out: &mut BytesMut,
 ) -> Result<bool, WireError> {
     let tag = frame.tag();
-    tracing::trace!(client = link.client.tag, tag = %char::from(tag), queue = link.queue.len(), "client message");
+    if matches!(
+        tag,
+        frontend::tag::PARSE
+            | frontend::tag::BIND
+            | frontend::tag::DESCRIBE
+            | frontend::tag::EXECUTE
+            | frontend::tag::CLOSE
+            | frontend::tag::SYNC
+            | frontend::tag::FLUSH
+    ) {
+        if !link.mid_batch {
+            link.batch.clear();
+            link.retried = false;
+        }
+        link.batch.push(frame.clone());
+    }
     match tag {
         frontend::tag::QUERY => {
             query(frame, link, registry, out)?;
@@ -335,6 +350,7 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     let mut entry = Entry::forward(Expect::Bind);
     if !name.is_empty() {
         entry.uses = link.client.statements.get(name).cloned();
+        entry.frame = link.batch.len().saturating_sub(1);
     }
     link.queue.push_back(entry);
     Ok(())

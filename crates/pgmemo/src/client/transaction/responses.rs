@@ -60,7 +60,6 @@ pub fn process(
             break;
         }
         let frame = &buf[at..at + header.frame_len];
-        tracing::trace!(client = link.client.tag, tag = %char::from(header.tag), front = ?link.queue.front().map(|e| (e.expect, e.forward)), "server message");
         let (action, ready) = on_message(header.tag, frame, link, params);
         match action {
             Action::Forward if verbatim => {}
@@ -147,8 +146,17 @@ fn on_message(
             (forwarding(link), false)
         }
         backend::tag::ERROR_RESPONSE => {
-            note_stale_plan(&frame[5..], link);
+            let retry = note_stale_plan(&frame[5..], link);
             on_error(link);
+            if let Some(from) = retry {
+                // The Sync's ReadyForQuery belongs to the failed attempt: swallowed.
+                if let Some(sync) = link.queue.front_mut() {
+                    sync.forward = false;
+                }
+                link.retry = Some(from);
+                link.retried = true;
+                return (Action::Swallow, false);
+            }
             (Action::Forward, false)
         }
         backend::tag::READY_FOR_QUERY => {
@@ -252,22 +260,40 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
 
 /// After DDL changed a table's row type, a statement prepared before it fails at Bind with
 /// "cached plan must not change result type" on every use: pgmemo forgets it on this server
-/// (and closes it before the next request), so the client's next execution succeeds.
-fn note_stale_plan(body: &[u8], link: &mut Link<'_>) {
-    let Some(entry) = link.queue.front() else {
-        return;
-    };
-    let Some(statement) = entry.uses.clone() else {
-        return;
-    };
+/// and closes it before the next request. When the failed batch ran nothing before that Bind,
+/// is not inside a transaction block and nothing was sent after its Sync, it is retried once
+/// (returns where the replay starts); otherwise the client sees the error and its next
+/// execution succeeds.
+fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
+    let entry = link.queue.front()?;
+    let statement = entry.uses.clone()?;
+    let from = entry.frame;
     let stale = wire::ErrorResponse::parse(body).is_ok_and(|e| {
         e.code == wire::sqlstate::FEATURE_NOT_SUPPORTED
             && e.message == "cached plan must not change result type"
     });
-    if stale {
-        link.server.statements.remove(statement.id);
-        link.server.stale.push(statement.name.clone());
+    if !stale {
+        return None;
     }
+    link.server.statements.remove(statement.id);
+    link.server.stale.push(statement.name.clone());
+    let sync_is_last = link
+        .queue
+        .iter()
+        .position(|e| e.expect == Expect::Sync)
+        .is_some_and(|i| i + 1 == link.queue.len());
+    let ran_before = link.batch[..from.min(link.batch.len())]
+        .iter()
+        .any(|f| f.tag() == wire::frontend::tag::EXECUTE);
+    let retry = !link.retried
+        && link.client.status == TransactionStatus::Idle
+        && sync_is_last
+        && !ran_before
+        && link
+            .batch
+            .last()
+            .is_some_and(|f| f.tag() == wire::frontend::tag::SYNC);
+    retry.then_some(from)
 }
 
 /// An error ends the message it answers; in the extended protocol the server then skips
