@@ -15,6 +15,10 @@ pub struct Stats {
     pub pool_wait_timeouts: AtomicU64,
     pub cancel_requests: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Transaction pooling: uses of a statement the attached server had prepared already.
+    pub prepared_hits: AtomicU64,
+    /// Transaction pooling: statements pgmemo had to prepare on the attached server first.
+    pub prepared_misses: AtomicU64,
 }
 
 impl Stats {

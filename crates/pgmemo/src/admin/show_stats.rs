@@ -20,6 +20,8 @@ pub fn show_stats(shared: &Shared) -> Table {
         ("pool_wait_timeouts", &s.pool_wait_timeouts),
         ("cancel_requests", &s.cancel_requests),
         ("protocol_errors", &s.protocol_errors),
+        ("prepared_hits", &s.prepared_hits),
+        ("prepared_misses", &s.prepared_misses),
     ] {
         t.row(vec![
             Some(name.to_owned()),

@@ -77,6 +77,16 @@ fn clients_and_servers(page: &mut Exposition, shared: &Shared) {
             &s.protocol_errors,
             "Protocol violations by clients.",
         ),
+        (
+            "prepared_hits",
+            &s.prepared_hits,
+            "Transaction pooling: statement uses the attached server had prepared already.",
+        ),
+        (
+            "prepared_misses",
+            &s.prepared_misses,
+            "Transaction pooling: statements prepared on the attached server first.",
+        ),
     ] {
         page.single(
             &format!("pgmemo_{name}_total"),

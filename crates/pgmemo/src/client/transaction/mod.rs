@@ -155,6 +155,10 @@ pub async fn run(
         let idle_timeout = config.idle_transaction_timeout.0;
         let max_prepared = config.max_prepared_statements;
         drop(config);
+        let before = (
+            server.session.statements.hits,
+            server.session.statements.misses,
+        );
         let (attached, at_boundary) = serve_attached(
             client,
             &mut server,
@@ -170,6 +174,15 @@ pub async fn run(
         .await;
         cancel.set(None);
         server.status = state.status;
+        let stats = &shared.stats;
+        stats.prepared_hits.fetch_add(
+            server.session.statements.hits - before.0,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        stats.prepared_misses.fetch_add(
+            server.session.statements.misses - before.1,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), status = ?state.status, released = matches!(attached, Attached::Released), "detach");
         match attached {
             Attached::Released => lease.return_idle(server, true),
