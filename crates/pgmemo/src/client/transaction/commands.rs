@@ -84,6 +84,8 @@ pub enum Plan {
         text: Option<String>,
         outcomes: Vec<Outcome>,
         prep: Vec<ServerPrep>,
+        /// A statement after the first was refused: the text ends with the raise.
+        raises: bool,
     },
     /// Raise this error on the server instead (so the transaction fails as it would have).
     Refused(ErrorResponse),
@@ -113,13 +115,20 @@ impl Planner<'_> {
         let mut outcomes = Vec::with_capacity(analysis.statements.len());
         let mut prep = Vec::new();
         let mut pieces: Vec<(std::ops::Range<usize>, String)> = Vec::new();
-        for stmt in &analysis.statements {
-            if let Err(e) = refusal(stmt) {
-                return Plan::Refused(e);
-            }
-            let (outcome, replacement) = match self.statement(stmt, protocol, many, &mut prep) {
+        let mut raises = false;
+        for (i, stmt) in analysis.statements.iter().enumerate() {
+            let planned =
+                refusal(stmt).and_then(|()| self.statement(stmt, protocol, many, &mut prep));
+            let (outcome, replacement) = match planned {
                 Ok(v) => v,
-                Err(e) => return Plan::Refused(e),
+                Err(e) if i == 0 => return Plan::Refused(e),
+                Err(e) => {
+                    // The statements before it run, as in PostgreSQL; nothing after it does.
+                    pieces.push((stmt.source.start..text.len(), raise_sql(&e)));
+                    outcomes.push(Outcome::plain());
+                    raises = true;
+                    break;
+                }
             };
             if let Some(r) = replacement {
                 pieces.push((stmt.source.clone(), r));
@@ -137,6 +146,7 @@ impl Planner<'_> {
             text,
             outcomes,
             prep,
+            raises,
         }
     }
 

@@ -74,8 +74,13 @@ pub struct Entry {
     /// The server-side statement a Bind uses: closed and prepared again when the server says
     /// its plan no longer matches the table (`cached plan must not change result type`).
     pub uses: Option<Arc<PreparedStatement>>,
-    /// For a Bind: its position in `Link::batch`.
+    /// For a Bind or Describe: its position in `Link::batch`.
     pub frame: usize,
+    /// The answer is an error pgmemo made the server raise: sent without the PL/pgSQL
+    /// context line, as PostgreSQL itself would have reported it.
+    pub raised: bool,
+    /// A Describe of a statement whose ParameterDescription went out already.
+    pub described: bool,
 }
 
 impl Entry {
@@ -90,6 +95,8 @@ impl Entry {
             revert: None,
             uses: None,
             frame: 0,
+            raised: false,
+            described: false,
         }
     }
 
@@ -137,6 +144,9 @@ pub struct Link<'a> {
     pub retry: Option<usize>,
     /// This batch was retried already.
     pub retried: bool,
+    /// The retried batch restarts at a Describe whose ParameterDescription the client
+    /// already has: the replay's is swallowed.
+    pub skip_parameter_description: bool,
 }
 
 impl Link<'_> {

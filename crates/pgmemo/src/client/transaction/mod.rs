@@ -29,9 +29,10 @@ use super::quiet::Quiet;
 use super::relay::{refill_position, End};
 use super::{ClientConn, ClientError};
 use crate::cancel::CancelSlot;
+use crate::config::Config;
 use crate::net::MaybeTls;
 use crate::pool::settings::{parse_options, sync_sql, valid_name, ClientSettings};
-use crate::pool::{Lease, ReleaseState, ServerConn, StatementRegistry};
+use crate::pool::{Lease, Pool, PoolSettings, ReleaseState, ServerConn, StatementRegistry};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -121,10 +122,21 @@ pub async fn run(
     let stop = shared.stop_accepting.child_token();
     let terminate = shared.terminate_sessions.child_token();
     let max_message = shared.config().max_message_size.0;
+    let mut checkout = Checkout::new(shared, route);
+    let mut buffers = Buffers::default();
     loop {
         match wait_for_request(client, max_message, &stop).await {
             Ok(()) => {}
             Err(end) => return end,
+        }
+        if client.buf.first() == Some(&wire::frontend::tag::FLUSH)
+            && state.status == TransactionStatus::Idle
+        {
+            // Nothing is pending while detached: a Flush has nothing to flush.
+            if let Ok(Some(h)) = FrameHeader::peek(&client.buf, max_message) {
+                let _ = client.buf.split_to(h.frame_len);
+                continue;
+            }
         }
         if let Some(answer) = local::answer(
             &mut client.buf,
@@ -140,7 +152,8 @@ pub async fn run(
             }
             continue;
         }
-        let (lease, mut server) = match attach(shared, route).await {
+        checkout.refresh(shared, route);
+        let (lease, mut server) = match checkout.attach(shared, route).await {
             Ok(v) => v,
             Err(e) => {
                 if let Some(err) = e.to_error_response() {
@@ -151,10 +164,8 @@ pub async fn run(
         };
         tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), "attach");
         cancel.set(server.cancel_target());
-        let config = shared.config();
-        let idle_timeout = config.idle_transaction_timeout.0;
-        let max_prepared = config.max_prepared_statements;
-        drop(config);
+        let idle_timeout = checkout.config.idle_transaction_timeout.0;
+        let max_prepared = checkout.config.max_prepared_statements;
         let before = (
             server.session.statements.hits,
             server.session.statements.misses,
@@ -170,6 +181,7 @@ pub async fn run(
                 idle_timeout,
                 terminate: &terminate,
             },
+            &mut buffers,
         )
         .await;
         cancel.set(None);
@@ -248,24 +260,60 @@ async fn wait_for_request(
     }
 }
 
-/// Takes a server connection for one transaction: an idle one of the pool, or a new one.
-async fn attach(shared: &Arc<Shared>, route: &Route) -> Result<(Lease, ServerConn), ClientError> {
-    let config = shared.config();
-    let pool = shared
-        .pools
-        .get(&route.key, config.pool_size_for(&route.client_database));
-    let settings = pool_settings(&config);
-    let wait = config.query_wait_timeout.0;
-    drop(config);
-    let mut lease = pool.acquire(wait).await.inspect_err(|_| {
-        Stats::bump(&shared.stats.pool_wait_timeouts);
-    })?;
-    if let Some(conn) = lease.take_idle(route.fingerprint, &settings).await {
-        return Ok((lease, conn));
+/// What taking a server needs, derived from the configuration once and again only after a
+/// reload (building it per transaction would lock the pool map and copy strings every time).
+struct Checkout {
+    config: Arc<Config>,
+    pool: Arc<Pool>,
+    settings: PoolSettings,
+}
+
+impl Checkout {
+    fn new(shared: &Shared, route: &Route) -> Checkout {
+        let config = shared.config().clone();
+        let pool = shared
+            .pools
+            .get(&route.key, config.pool_size_for(&route.client_database));
+        Checkout {
+            settings: pool_settings(&config),
+            pool,
+            config,
+        }
     }
-    lease.reserve_new();
-    let conn = open_authenticated(shared, route).await?;
-    Ok((lease, conn))
+
+    /// Follows a reloaded configuration.
+    fn refresh(&mut self, shared: &Shared, route: &Route) {
+        if !Arc::ptr_eq(&shared.config(), &self.config) {
+            *self = Checkout::new(shared, route);
+        }
+    }
+
+    /// Takes a server connection for one transaction: an idle one of the pool, or a new one.
+    async fn attach(
+        &self,
+        shared: &Arc<Shared>,
+        route: &Route,
+    ) -> Result<(Lease, ServerConn), ClientError> {
+        let wait = self.config.query_wait_timeout.0;
+        let mut lease = self.pool.acquire(wait).await.inspect_err(|_| {
+            Stats::bump(&shared.stats.pool_wait_timeouts);
+        })?;
+        if let Some(conn) = lease.take_idle(route.fingerprint, &self.settings).await {
+            return Ok((lease, conn));
+        }
+        lease.reserve_new();
+        let conn = open_authenticated(shared, route).await?;
+        Ok((lease, conn))
+    }
+}
+
+/// Allocations a session reuses from one transaction to the next.
+#[derive(Default)]
+struct Buffers {
+    client_out: BytesMut,
+    server_out: BytesMut,
+    queue: VecDeque<link::Entry>,
+    batch: Vec<Frame>,
 }
 
 struct AttachOptions<'a> {
@@ -283,6 +331,7 @@ async fn serve_attached(
     state: &mut ClientState,
     shared: &Shared,
     opts: AttachOptions<'_>,
+    buffers: &mut Buffers,
 ) -> (Attached, bool) {
     let ServerConn {
         stream,
@@ -294,14 +343,15 @@ async fn serve_attached(
     let link = Mutex::new(Link {
         client: state,
         server: session,
-        queue: VecDeque::new(),
+        queue: std::mem::take(&mut buffers.queue),
         portals: HashMap::new(),
         txn: TxnTrack::default(),
         mid_batch: false,
         max_prepared: opts.max_prepared,
-        batch: Vec::new(),
+        batch: std::mem::take(&mut buffers.batch),
         retry: None,
         retried: false,
+        skip_parameter_description: false,
     });
     let wake = Notify::new();
     let retry = Notify::new();
@@ -323,8 +373,8 @@ async fn serve_attached(
                         &mut cw,
                         &mut sr,
                         &mut sw,
-                        &mut client.buf,
-                        read_buf,
+                        (&mut client.buf, read_buf),
+                        (&mut buffers.client_out, &mut buffers.server_out),
                         params,
                     )
                     .await
@@ -338,16 +388,20 @@ async fn serve_attached(
                         &mut cw,
                         &mut sr,
                         &mut sw,
-                        &mut client.buf,
-                        read_buf,
+                        (&mut client.buf, read_buf),
+                        (&mut buffers.client_out, &mut buffers.server_out),
                         params,
                     )
                     .await
             }
         }
     };
-    let link = link.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut link = link.into_inner().unwrap_or_else(|e| e.into_inner());
     let at_boundary = link.queue.is_empty() && !link.mid_batch;
+    link.queue.clear();
+    link.batch.clear();
+    buffers.queue = std::mem::take(&mut link.queue);
+    buffers.batch = std::mem::take(&mut link.batch);
     (attached, at_boundary)
 }
 
@@ -376,8 +430,8 @@ impl Pumps<'_, '_> {
         cw: &mut CW,
         sr: &mut SR,
         sw: &mut SW,
-        client_buf: &mut BytesMut,
-        server_buf: &mut BytesMut,
+        (client_buf, server_buf): (&mut BytesMut, &mut BytesMut),
+        (client_out, server_out): (&mut BytesMut, &mut BytesMut),
         params: &mut Vec<(String, String)>,
     ) -> Attached
     where
@@ -388,12 +442,12 @@ impl Pumps<'_, '_> {
     {
         let outcome = tokio::select! {
             biased;
-            r = self.client_to_server(cr, client_buf, sw) => match r {
+            r = self.client_to_server(cr, client_buf, sw, server_out) => match r {
                 Ok(true) => Err(End::ClientTerminated),
                 Ok(false) => Err(End::ClientGone(None)),
                 Err(e) => Err(self.end_for(e, cw).await),
             },
-            r = self.server_to_client(sr, server_buf, cw, params) => match r {
+            r = self.server_to_client(sr, server_buf, cw, params, client_out) => match r {
                 Ok(()) => Ok(()),
                 Err(e) => Err(self.end_for(e, cw).await),
             },
@@ -440,12 +494,13 @@ impl Pumps<'_, '_> {
         reader: &mut R,
         buf: &mut BytesMut,
         server: &mut W,
+        out: &mut BytesMut,
     ) -> Result<bool, PumpError>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let mut out = BytesMut::with_capacity(4096);
+        out.clear();
         loop {
             let mut terminate = false;
             let mut wake = false;
@@ -455,7 +510,7 @@ impl Pumps<'_, '_> {
                     let from = from.min(link.batch.len());
                     let frames = link.batch.split_off(from);
                     for frame in frames {
-                        wake |= requests::translate(frame, &mut link, self.registry, &mut out)
+                        wake |= requests::translate(frame, &mut link, self.registry, out)
                             .map_err(PumpError::Protocol)?;
                     }
                     link.retried = true;
@@ -472,14 +527,14 @@ impl Pumps<'_, '_> {
                     break;
                 }
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-                wake |= requests::translate(frame, &mut link, self.registry, &mut out)
+                wake |= requests::translate(frame, &mut link, self.registry, out)
                     .map_err(PumpError::Protocol)?;
             }
             if wake {
                 self.wake.notify_one();
             }
             if !out.is_empty() {
-                server.write_all(&out).await.map_err(PumpError::Server)?;
+                server.write_all(out).await.map_err(PumpError::Server)?;
                 server.flush().await.map_err(PumpError::Server)?;
                 out.clear();
             }
@@ -506,16 +561,17 @@ impl Pumps<'_, '_> {
         buf: &mut BytesMut,
         client: &mut W,
         params: &mut Vec<(String, String)>,
+        out: &mut BytesMut,
     ) -> Result<(), PumpError>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let mut out = BytesMut::with_capacity(4096);
+        out.clear();
         loop {
             let (processed, idle_in_txn) = {
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-                let p = responses::process(buf, &mut link, params, &mut out)
+                let p = responses::process(buf, &mut link, params, out)
                     .map_err(PumpError::ServerProtocol)?;
                 if link.retry.is_some() {
                     self.retry.notify_one();
@@ -532,7 +588,7 @@ impl Pumps<'_, '_> {
                         .map_err(PumpError::Client)?;
                 }
             } else if !out.is_empty() {
-                client.write_all(&out).await.map_err(PumpError::Client)?;
+                client.write_all(out).await.map_err(PumpError::Client)?;
                 out.clear();
             }
             if processed.consumed > 0 || !processed.verbatim {

@@ -37,7 +37,6 @@ pub fn translate(
             | frontend::tag::EXECUTE
             | frontend::tag::CLOSE
             | frontend::tag::SYNC
-            | frontend::tag::FLUSH
     ) {
         if !link.mid_batch {
             link.batch.clear();
@@ -80,8 +79,12 @@ pub fn translate(
                         }
                         .encode(out),
                     }
-                    link.queue
-                        .push_back(Entry::forward(Expect::DescribeStatement));
+                    let mut entry = Entry::forward(Expect::DescribeStatement);
+                    if !name.is_empty() {
+                        entry.uses = link.client.statements.get(name).cloned();
+                        entry.frame = link.batch.len().saturating_sub(1);
+                    }
+                    link.queue.push_back(entry);
                 }
             }
             Ok(false)
@@ -110,7 +113,8 @@ pub fn translate(
             Ok(false)
         }
         frontend::tag::FLUSH => {
-            batch_start(link, out);
+            // A Flush with nothing pending (psycopg sends one after each Sync) must not keep
+            // the server attached.
             out.extend_from_slice(frame.raw());
             Ok(true)
         }
@@ -189,13 +193,18 @@ fn query(
     let mut entry = Entry::forward(Expect::Query);
     match plan {
         Plan::Plain => out.extend_from_slice(frame.raw()),
-        Plan::Refused(e) => out.extend_from_slice(&frontend::query(&raise_sql(&e))),
+        Plan::Refused(e) => {
+            out.extend_from_slice(&frontend::query(&raise_sql(&e)));
+            entry.raised = true;
+        }
         Plan::Tracked {
             text,
             outcomes,
             prep,
+            raises,
         } => {
             emit_prep(&prep, false, link, out);
+            entry.raised = raises;
             match text {
                 Some(text) => out.extend_from_slice(&frontend::query(&text)),
                 None => out.extend_from_slice(frame.raw()),
@@ -231,6 +240,7 @@ fn parse(
             text,
             outcomes,
             prep,
+            ..
         } => {
             emit_prep(&prep, true, link, out);
             (text, outcomes.into_iter().next().map(Arc::new))
@@ -493,6 +503,7 @@ fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
 /// the batch and the transaction fail exactly as PostgreSQL would make them fail.
 fn emit_raise(error: &ErrorResponse, link: &mut Link<'_>, out: &mut BytesMut) {
     emit_unnamed_run(&raise_sql(error), link, out);
+    link.queue.back_mut().expect("just queued").raised = true;
 }
 
 fn encode_parse(name: &str, sql: &str, types: &[u32]) -> Bytes {

@@ -146,6 +146,7 @@ fn on_message(
             (forwarding(link), false)
         }
         backend::tag::ERROR_RESPONSE => {
+            let raised = link.queue.front().is_some_and(|e| e.raised);
             let retry = note_stale_plan(&frame[5..], link);
             on_error(link);
             if let Some(from) = retry {
@@ -156,6 +157,13 @@ fn on_message(
                 link.retry = Some(from);
                 link.retried = true;
                 return (Action::Swallow, false);
+            }
+            if raised {
+                if let Ok(e) = wire::ErrorResponse::parse(&frame[5..]) {
+                    let mut out = BytesMut::new();
+                    e.encode_into(&mut out);
+                    return (Action::Replace(out), false);
+                }
             }
             (Action::Forward, false)
         }
@@ -185,6 +193,17 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
     } else {
         Action::Swallow
     };
+    if (entry.expect, tag)
+        == (
+            Expect::DescribeStatement,
+            backend::tag::PARAMETER_DESCRIPTION,
+        )
+    {
+        entry.described = true;
+        if entry.forward && std::mem::take(&mut link.skip_parameter_description) {
+            return Action::Swallow;
+        }
+    }
     let done = match (entry.expect, tag) {
         (Expect::Parse, backend::tag::PARSE_COMPLETE)
         | (Expect::Bind, backend::tag::BIND_COMPLETE)
@@ -268,6 +287,7 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
     let entry = link.queue.front()?;
     let statement = entry.uses.clone()?;
     let from = entry.frame;
+    let described = entry.described;
     let stale = wire::ErrorResponse::parse(body).is_ok_and(|e| {
         e.code == wire::sqlstate::FEATURE_NOT_SUPPORTED
             && e.message == "cached plan must not change result type"
@@ -293,6 +313,9 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
             .batch
             .last()
             .is_some_and(|f| f.tag() == wire::frontend::tag::SYNC);
+    if retry {
+        link.skip_parameter_description = described;
+    }
     retry.then_some(from)
 }
 
