@@ -1,0 +1,579 @@
+//! Transaction pooling (`pool_mode = "transaction"`) with clients that bring their own
+//! protocol code: a raw protocol client whose answers must match PostgreSQL's message for
+//! message, pgbench in every query mode with 64 clients over 4 server connections, psql with
+//! SQL-level prepared statements, psycopg 3 (server-side prepared statements, pipeline mode)
+//! and asyncpg (prepares everything, same statement names in every process).
+//!
+//! The Python drivers are installed from PyPI once per target directory (see
+//! `txn_support::python_deps`); the scripts are in `tests/python/`.
+
+mod txn_support;
+
+use std::time::Duration;
+
+use pgmemo::config::Seconds;
+use testkit::LocalPostgres;
+use txn_support::{
+    lock_exclusive, msg, output, pg_client, python, run_ok, run_script, side_by_side, sqlstate,
+    txn_pgmemo, unique, value, within, Who, DB, TEST_DEADLINE, USER,
+};
+
+/// Upper bound for one run of an external client program.
+const RUN_LIMIT: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------------------------
+// Prepared statements at the protocol level: transcripts compared with PostgreSQL.
+
+/// Runs `steps` directly against PostgreSQL and through pgmemo (pool_size 1, so A and B share
+/// one server connection) and asserts identical answers; returns the transcript.
+async fn same_as_postgres(steps: &[(Who, Vec<Vec<u8>>)]) -> Vec<String> {
+    let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+    let direct = run_script(LocalPostgres::PORT, steps).await;
+    let proxied = run_script(pgmemo.port(), steps).await;
+    assert!(
+        direct == proxied,
+        "answers differ:\n{}",
+        side_by_side(&direct, &proxied)
+    );
+    pgmemo.shutdown().await;
+    direct
+}
+
+fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
+    vec![
+        msg::bind("", statement, params),
+        msg::execute("", 0),
+        msg::sync(),
+    ]
+}
+
+#[tokio::test]
+async fn same_statement_names_of_two_clients_stay_apart() {
+    use Who::{A, B};
+    let parse = |name: &str, sql: &str| vec![msg::parse(name, sql, &[]), msg::sync()];
+    let mut steps = vec![
+        (A, parse("s0", "SELECT 1::int AS a")),
+        (B, parse("s0", "SELECT 'b'::text AS b")),
+        (A, vec![msg::describe(b'S', "s0"), msg::sync()]),
+        (B, vec![msg::describe(b'S', "s0"), msg::sync()]),
+    ];
+    for _ in 0..3 {
+        steps.push((A, exec("s0", &[])));
+        steps.push((B, exec("s0", &[])));
+    }
+    steps.extend([
+        // Two requests in one write (Parse+Sync, Bind+Execute+Sync): pipelining.
+        (
+            A,
+            [parse("s1", "SELECT $1::int * 10"), exec("s1", &[Some("4")])].concat(),
+        ),
+        (
+            B,
+            [
+                parse("s1", "SELECT $1::text || '!'"),
+                exec("s1", &[Some("hi")]),
+            ]
+            .concat(),
+        ),
+        (A, exec("s1", &[Some("5")])),
+        (B, exec("s1", &[Some("yo")])),
+        // The same name and text on both; one client closes it, the other keeps it.
+        (A, parse("s2", "SELECT 'shared'")),
+        (B, parse("s2", "SELECT 'shared'")),
+        (A, vec![msg::close(b'S', "s2"), msg::sync()]),
+        (B, exec("s2", &[])),
+        (A, exec("s2", &[])),
+        // The unnamed statement lives across Syncs, whatever the other client parses.
+        (A, parse("", "SELECT 'unnamed A'")),
+        (B, parse("", "SELECT 'unnamed B'")),
+        (A, exec("", &[])),
+        (B, exec("", &[])),
+        // A portal fetched in pieces inside a transaction keeps its server across Syncs.
+        (A, vec![msg::query("BEGIN")]),
+        (A, parse("g", "SELECT generate_series(1, 5)")),
+        (
+            A,
+            vec![
+                msg::bind("cur", "g", &[]),
+                msg::execute("cur", 2),
+                msg::sync(),
+            ],
+        ),
+        (A, vec![msg::execute("cur", 2), msg::sync()]),
+        (A, vec![msg::execute("cur", 0), msg::sync()]),
+        (A, vec![msg::query("COMMIT")]),
+        (B, exec("s0", &[])),
+        (A, exec("s0", &[])),
+        // 31-32: a Flush after the Sync (psycopg ends its pipelines so) asks for nothing: the
+        // server is free for B at once.
+        (A, [exec("s0", &[]), vec![msg::flush()]].concat()),
+        (B, exec("s0", &[])),
+        // 33: a Flush inside a batch sends what is ready; the batch goes on to its Sync.
+        (
+            A,
+            vec![
+                msg::parse("f", "SELECT 'flushed'", &[]),
+                msg::flush(),
+                msg::bind("", "f", &[]),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        ),
+        (B, exec("s0", &[])),
+    ]);
+    let transcript = same_as_postgres(&steps).await;
+    // Sanity: the script exercised what it is about.
+    for line in [
+        " 4 A| DataRow [1]",
+        " 5 B| DataRow [b]",
+        " 2 A| RowDescription [a:23]",
+        " 3 B| RowDescription [b:25]",
+        "21 A| DataRow [unnamed A]",
+        "22 B| DataRow [unnamed B]",
+        "32 B| DataRow [b]",
+        "33 A| DataRow [flushed]",
+        "34 B| DataRow [b]",
+    ] {
+        assert!(
+            transcript.iter().any(|l| l == line),
+            "{line}: {transcript:#?}"
+        );
+    }
+    assert!(transcript
+        .iter()
+        .any(|l| l.starts_with("18 A| Error ERROR 26000")));
+}
+
+#[tokio::test]
+async fn protocol_level_name_errors_match_postgres() {
+    use Who::{A, B};
+    let parse = |name: &str, sql: &str| vec![msg::parse(name, sql, &[]), msg::sync()];
+    let steps = vec![
+        (A, parse("dup", "SELECT 1")),
+        // 1: a second Parse of a name the client has: 42P05, and the first one stays.
+        (A, parse("dup", "SELECT 2")),
+        (B, parse("dup", "SELECT 'B'")),
+        (A, exec("dup", &[])),
+        (B, exec("dup", &[])),
+        // 5-7: unknown names: 26000 for Bind and Describe, Close is fine.
+        (A, exec("nope", &[])),
+        (A, vec![msg::describe(b'S', "nope"), msg::sync()]),
+        (A, vec![msg::close(b'S', "nope"), msg::sync()]),
+        // 8: an error mid-batch: what came before it stays, what came after is skipped.
+        (
+            A,
+            vec![
+                msg::parse("p1", "SELECT 10", &[]),
+                msg::bind("", "nope", &[]),
+                msg::execute("", 0),
+                msg::parse("p2", "SELECT 20", &[]),
+                msg::sync(),
+            ],
+        ),
+        (A, exec("p1", &[])),
+        (A, exec("p2", &[])),
+        // 11-14: a statement parsed in a rolled-back transaction survives (not transactional).
+        (A, vec![msg::query("BEGIN")]),
+        (A, parse("intx", "SELECT 'intx'")),
+        (A, vec![msg::query("ROLLBACK")]),
+        (A, exec("intx", &[])),
+        // 15-18: a failed Parse registers nothing.
+        (A, vec![msg::query("BEGIN")]),
+        (A, parse("bad", "SELEC 1")),
+        (A, vec![msg::query("ROLLBACK")]),
+        (A, exec("bad", &[])),
+        // 19-23: protocol and SQL level share one namespace per client.
+        (A, parse("x1", "SELECT 'x1'")),
+        (A, vec![msg::query("EXECUTE x1")]),
+        (A, vec![msg::query("PREPARE x2 AS SELECT 'x2'")]),
+        (A, exec("x2", &[])),
+        (A, vec![msg::query("DEALLOCATE x1")]),
+        (A, exec("x1", &[])),
+        // 25-28: Close, then the name is free for a new text; B's statement is untouched.
+        (A, vec![msg::close(b'S', "dup"), msg::sync()]),
+        (A, parse("dup", "SELECT 3")),
+        (A, exec("dup", &[])),
+        (B, exec("dup", &[])),
+        // 29: a bad parameter value is the server's error, answered in order.
+        (
+            A,
+            [
+                vec![msg::parse("typed", "SELECT $1", &[23])],
+                exec("typed", &[Some("abc")]),
+            ]
+            .concat(),
+        ),
+        // 30-32: DEALLOCATE ALL forgets A's statements only.
+        (A, vec![msg::query("DEALLOCATE ALL")]),
+        (A, exec("p1", &[])),
+        (B, exec("dup", &[])),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    for line in [
+        " 1 A| Error ERROR 42P05: prepared statement \"dup\" already exists",
+        " 3 A| DataRow [1]",
+        " 4 B| DataRow [B]",
+        " 5 A| Error ERROR 26000: prepared statement \"nope\" does not exist",
+        " 6 A| Error ERROR 26000: prepared statement \"nope\" does not exist",
+        " 9 A| DataRow [10]",
+        "10 A| Error ERROR 26000: prepared statement \"p2\" does not exist",
+        "14 A| DataRow [intx]",
+        "18 A| Error ERROR 26000: prepared statement \"bad\" does not exist",
+        "20 A| DataRow [x1]",
+        "22 A| DataRow [x2]",
+        "24 A| Error ERROR 26000: prepared statement \"x1\" does not exist",
+        "27 A| DataRow [3]",
+        "28 B| DataRow [B]",
+        "31 A| Error ERROR 26000: prepared statement \"p1\" does not exist",
+        "32 B| DataRow [B]",
+    ] {
+        assert!(
+            transcript.iter().any(|l| l == line),
+            "{line}: {transcript:#?}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// pgbench.
+
+/// The pgbench database on the local server, created and initialized (`pgbench -i -s 1`) on
+/// first use and reused afterwards; a file lock keeps parallel test processes from
+/// initializing it twice at once.
+const BENCH_DB: &str = "pgmemo_txn_bench";
+
+async fn bench_database() {
+    let lock_path = std::env::temp_dir().join("pgmemo_txn_bench.lock");
+    let _lock = tokio::task::spawn_blocking(move || lock_exclusive(&lock_path))
+        .await
+        .unwrap();
+    let admin = LocalPostgres.client(USER, DB).await;
+    if let Err(e) = admin
+        .batch_execute(&format!("CREATE DATABASE {BENCH_DB}"))
+        .await
+    {
+        assert_eq!(sqlstate(&e), Some("42P04"), "CREATE DATABASE: {e:?}");
+    }
+    let bench = LocalPostgres.client(USER, BENCH_DB).await;
+    let ready = bench
+        .query_one(
+            "SELECT (SELECT count(*) FROM pgbench_branches) = 1 \
+             AND (SELECT count(*) FROM pgbench_tellers) = 10 \
+             AND (SELECT count(*) FROM pgbench_accounts) = 100000",
+            &[],
+        )
+        .await
+        .map(|r| r.get::<_, bool>(0))
+        .unwrap_or(false);
+    if !ready {
+        let mut init = pg_client("pgbench");
+        init.args(["-i", "-s", "1", "-q", "-h", "127.0.0.1", "-p", "5432"])
+            .args(["-U", USER, BENCH_DB]);
+        run_ok(init, "pgbench -i", RUN_LIMIT).await;
+    }
+    // Keep the history from growing run after run.
+    bench
+        .batch_execute("TRUNCATE pgbench_history")
+        .await
+        .unwrap();
+}
+
+/// The number after `label` on the line that starts with it (`"number of failed
+/// transactions: 0 (0.000%)"` → 0).
+fn number_after(report: &str, label: &str) -> Option<u64> {
+    let line = report.lines().find(|l| l.starts_with(label))?;
+    line[label.len()..].split_whitespace().next()?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgbench_64_clients_over_4_servers_in_every_query_mode() {
+    within(Duration::from_secs(300), async {
+        bench_database().await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 4, |c| {
+            c.max_client_conn = 200;
+            c.query_wait_timeout = Seconds(Duration::from_secs(60));
+        })
+        .await;
+        let port = pgmemo.port().to_string();
+        for mode in ["prepared", "extended", "simple"] {
+            let mut bench = pg_client("pgbench");
+            bench
+                .args(["-M", mode, "-c", "64", "-j", "2", "-T", "10", "-n"])
+                .args(["-h", "127.0.0.1", "-p", &port, "-U", USER, BENCH_DB]);
+            let out = run_ok(bench, &format!("pgbench -M {mode}"), RUN_LIMIT).await;
+            let report = String::from_utf8_lossy(&out.stdout);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let processed = number_after(&report, "number of transactions actually processed:");
+            let failed = number_after(&report, "number of failed transactions:");
+            assert_eq!(failed, Some(0), "-M {mode}:\n{report}\n{stderr}");
+            assert!(
+                processed.is_some_and(|n| n > 0),
+                "-M {mode}:\n{report}\n{stderr}"
+            );
+            assert!(report.contains(&format!("query mode: {mode}")), "{report}");
+            assert!(
+                report.contains("number of clients: 64"),
+                "-M {mode}:\n{report}"
+            );
+            for pool in pgmemo.handle().shared().pools.all() {
+                assert!(pool.counts().1 <= 4, "-M {mode}: {:?}", pool.counts());
+            }
+        }
+        // Every transaction was applied whole: the three balances still agree.
+        let bench = LocalPostgres.client(USER, BENCH_DB).await;
+        let sums = value(
+            &bench,
+            "SELECT (SELECT sum(abalance) FROM pgbench_accounts) || ' ' || \
+             (SELECT sum(tbalance) FROM pgbench_tellers) || ' ' || \
+             (SELECT sum(bbalance) FROM pgbench_branches)",
+        )
+        .await;
+        let parts: Vec<&str> = sums.split(' ').collect();
+        assert!(
+            parts.len() == 3 && parts[0] == parts[1] && parts[1] == parts[2],
+            "{sums}"
+        );
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// psql.
+
+/// SQL-level prepared statements, echoed (`-a`). Nothing printed depends on the connection.
+const PSQL_SCRIPT: &str = "PREPARE q(int) AS SELECT $1 + 1 AS answer;
+EXECUTE q(41);
+DEALLOCATE q;
+EXECUTE q(1);
+PREPARE q(int) AS SELECT $1 * 2 AS doubled;
+EXECUTE q(21);
+PREPARE q(int) AS SELECT 0;
+EXECUTE q(4);
+PREPARE r AS SELECT 'r' AS name \\; EXECUTE r \\; DEALLOCATE PREPARE r;
+EXECUTE r;
+BEGIN;
+PREPARE in_tx(text) AS SELECT upper($1) AS shout;
+EXECUTE in_tx('inside');
+COMMIT;
+EXECUTE in_tx('after commit');
+DEALLOCATE ALL;
+EXECUTE q(1);
+EXECUTE in_tx('gone');
+SELECT 'done' AS status;
+";
+
+/// Runs psql with `args` against 127.0.0.1:`port`; returns (exit code, stdout, stderr).
+async fn psql(port: u16, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = pg_client("psql");
+    cmd.args(["-X", "-h", "127.0.0.1", "-p", &port.to_string(), "-U", USER])
+        .args(["-d", DB])
+        .args(args);
+    let out = output(cmd, "psql", RUN_LIMIT).await;
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn psql_prepared_statements_match_a_direct_connection() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        // A neighbour on the same (only) server with statements of the same names.
+        let neighbour = pgmemo.client(USER, DB).await;
+        neighbour
+            .batch_execute(
+                "PREPARE q(int) AS SELECT -1; PREPARE r AS SELECT 'other r'; \
+                 PREPARE m(int) AS SELECT -2",
+            )
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("prepared.sql");
+        std::fs::write(&script, PSQL_SCRIPT).unwrap();
+        let script = script.to_string_lossy().into_owned();
+        let runs: [Vec<&str>; 3] = [
+            vec!["-a", "-v", "ON_ERROR_STOP=0", "-f", &script],
+            // ON_ERROR_STOP: 42, then the error ends psql.
+            vec![
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                "PREPARE q(int) AS SELECT $1 + 1",
+                "-c",
+                "EXECUTE q(41)",
+                "-c",
+                "DEALLOCATE q",
+                "-c",
+                "EXECUTE q(1)",
+                "-c",
+                "SELECT 'not reached'",
+            ],
+            // Several statements in one Query message.
+            vec![
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                "PREPARE m(int) AS SELECT $1 + 1; EXECUTE m(41); DEALLOCATE m; EXECUTE m(2)",
+            ],
+        ];
+        for args in &runs {
+            let direct = psql(LocalPostgres::PORT, args).await;
+            // Twice through pgmemo: the second run shares the server with the first's leftovers.
+            for attempt in 0..2 {
+                let proxied = psql(pgmemo.port(), args).await;
+                assert_eq!(proxied.0, direct.0, "exit code, run {attempt} of {args:?}");
+                assert_eq!(proxied.1, direct.1, "stdout, run {attempt} of {args:?}");
+                assert_eq!(proxied.2, direct.2, "stderr, run {attempt} of {args:?}");
+            }
+        }
+        for (sql, expected) in [("EXECUTE q(1)", "-1"), ("EXECUTE r", "other r")] {
+            assert_eq!(
+                value(&neighbour, sql).await,
+                expected,
+                "the neighbour's {sql}"
+            );
+        }
+        assert_eq!(value(&neighbour, "EXECUTE m(1)").await, "-2");
+        // Sanity: the runs did what they are about.
+        let (code, out, err) = psql(LocalPostgres::PORT, &runs[0]).await;
+        assert_eq!(code, Some(0));
+        for expected in [
+            "     42",
+            "      42",
+            " shout",
+            " INSIDE",
+            " AFTER COMMIT",
+            " done",
+        ] {
+            assert!(out.contains(expected), "{expected:?} missing:\n{out}");
+        }
+        for expected in [
+            "ERROR:  prepared statement \"q\" does not exist",
+            "ERROR:  prepared statement \"q\" already exists",
+            "ERROR:  prepared statement \"r\" does not exist",
+            "ERROR:  prepared statement \"in_tx\" does not exist",
+        ] {
+            assert!(err.contains(expected), "{expected:?} missing:\n{err}");
+        }
+        let (code, out, err) = psql(LocalPostgres::PORT, &runs[1]).await;
+        assert_ne!(code, Some(0));
+        assert!(out.contains("42") && !out.contains("not reached"), "{out}");
+        assert!(
+            err.contains("prepared statement \"q\" does not exist"),
+            "{err}"
+        );
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python drivers.
+
+/// A table `(id int PRIMARY KEY, v text)` on the local server, dropped by [`drop_table`].
+async fn create_table(prefix: &str) -> String {
+    let t = unique(prefix);
+    let direct = LocalPostgres.client(USER, DB).await;
+    direct
+        .batch_execute(&format!("CREATE TABLE {t} (id int PRIMARY KEY, v text)"))
+        .await
+        .unwrap();
+    t
+}
+
+async fn drop_table(t: &str) {
+    let direct = LocalPostgres.client(USER, DB).await;
+    direct
+        .batch_execute(&format!("DROP TABLE {t}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn psycopg_prepared_statements_and_pipeline_mode() {
+    within(Duration::from_secs(300), async {
+        let t = create_table("txn_psycopg").await;
+        // The script against PostgreSQL itself first: it is correct, so a failure through
+        // pgmemo is pgmemo's.
+        let args = |port: u16| vec![port.to_string(), t.clone(), "main".to_owned()];
+        let direct = python("psycopg_check.py", &args(LocalPostgres::PORT)).await;
+        run_ok(direct, "psycopg_check.py main (direct)", RUN_LIMIT).await;
+
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let proxied = python("psycopg_check.py", &args(pgmemo.port())).await;
+        let out = run_ok(proxied, "psycopg_check.py main", RUN_LIMIT).await;
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn psycopg_sees_a_column_added_between_two_executions() {
+    within(Duration::from_secs(300), async {
+        let args = |port: u16, t: &str| vec![port.to_string(), t.to_owned(), "alter".to_owned()];
+        let setup = |t: String| async move {
+            let direct = LocalPostgres.client(USER, DB).await;
+            direct
+                .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one')"))
+                .await
+                .unwrap();
+            t
+        };
+        // Directly, psycopg's second execution of its prepared SELECT * fails: the scenario
+        // is real. pgmemo, outside an explicit transaction, re-prepares and retries.
+        let t = setup(create_table("txn_alter_direct").await).await;
+        let direct = python("psycopg_check.py", &args(LocalPostgres::PORT, &t)).await;
+        let out = output(direct, "psycopg_check.py alter (direct)", RUN_LIMIT).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("cached plan must not change result type"),
+            "{stderr}"
+        );
+        drop_table(&t).await;
+
+        let t = setup(create_table("txn_alter").await).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let proxied = python("psycopg_check.py", &args(pgmemo.port(), &t)).await;
+        run_ok(proxied, "psycopg_check.py alter", RUN_LIMIT).await;
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asyncpg_processes_with_the_same_statement_names() {
+    within(Duration::from_secs(300), async {
+        let t = create_table("txn_asyncpg").await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        // Two processes at once, 10 connections each: both name their statements
+        // __asyncpg_stmt_1__, __asyncpg_stmt_2__, ... for different texts.
+        let mut runs = Vec::new();
+        for proc in 1..=2 {
+            let args = [pgmemo.port(), proc]
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>();
+            let args = vec![args[0].clone(), t.clone(), args[1].clone(), "10".to_owned()];
+            let cmd = python("asyncpg_check.py", &args).await;
+            runs.push(tokio::spawn(run_ok(cmd, "asyncpg_check.py", RUN_LIMIT)));
+        }
+        for run in runs {
+            let out = run.await.unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+        }
+        let direct = LocalPostgres.client(USER, DB).await;
+        assert_eq!(
+            value(&direct, &format!("SELECT count(*) FROM {t}")).await,
+            "100"
+        );
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}

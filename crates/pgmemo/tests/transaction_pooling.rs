@@ -1,0 +1,786 @@
+//! Transaction pooling (`pool_mode = "transaction"`) end to end with tokio-postgres (the raw
+//! protocol, psql, pgbench and the Python drivers are in `transaction_drivers.rs`): a client
+//! holds a server connection only from the first message of a transaction (or autocommit
+//! statement) to ReadyForQuery Idle, yet keeps its own prepared statements (protocol and SQL
+//! level), its own session settings, and clear errors for the session-only features
+//! transaction pooling cannot offer.
+//!
+//! Most tests use `pool_size` 1 or 2 so that clients provably share (or are moved between)
+//! server connections; `pg_backend_pid()` shows which backend served a statement. Tests run
+//! against the shared local server with uniquely named objects, except the many-clients test,
+//! which gets a cluster with a small `max_connections` of its own.
+
+mod txn_support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use pgmemo::config::Seconds;
+use testkit::{LocalPostgres, TempPostgres};
+use tokio_postgres::{Client, Statement};
+use txn_support::{
+    backend_pid, connect_watched, connect_with, db_message, query_error, rows, sqlstate,
+    txn_pgmemo, unique, value, within, DB, SOON, TEST_DEADLINE, USER,
+};
+
+/// What a fresh session on the local server shows for a setting.
+async fn default_setting(name: &str) -> String {
+    let direct = LocalPostgres.client(USER, DB).await;
+    value(&direct, &format!("SHOW {name}")).await
+}
+
+/// Opens a transaction and returns the backend it holds.
+async fn hold(client: &Client) -> i32 {
+    client.batch_execute("BEGIN").await.unwrap();
+    backend_pid(client).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prepared statements with tokio-postgres.
+
+#[tokio::test]
+async fn a_statement_prepared_on_one_server_runs_on_another() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let c = pgmemo.client(USER, DB).await;
+        let st = a
+            .prepare("SELECT $1::int + 1, pg_backend_pid()")
+            .await
+            .unwrap();
+        let run = |n: i32| {
+            let (a, st) = (&a, &st);
+            async move {
+                let row = a.query_one(st, &[&n]).await.unwrap();
+                assert_eq!(row.get::<_, i32>(0), n + 1);
+                row.get::<_, i32>(1)
+            }
+        };
+
+        // B holds one server: A's statement runs on the other.
+        let held_by_b = hold(&b).await;
+        let first = run(1).await;
+        assert_ne!(first, held_by_b, "A ran on the server B holds");
+        // C takes the server A just used, B gives its own back: A must move there.
+        assert_eq!(hold(&c).await, first, "C did not get the only free server");
+        b.batch_execute("COMMIT").await.unwrap();
+        let second = run(2).await;
+        assert_eq!(second, held_by_b, "A did not move to the other server");
+        c.batch_execute("COMMIT").await.unwrap();
+
+        // A statement prepared while the other server is held, then run on each server.
+        let held_by_c = hold(&c).await;
+        let st2 = a.prepare("SELECT $1::text || '!'").await.unwrap();
+        assert_ne!(hold(&b).await, held_by_c, "B did not get the free server");
+        c.batch_execute("COMMIT").await.unwrap();
+        let got: String = a.query_one(&st2, &[&"moved"]).await.unwrap().get(0);
+        assert_eq!(got, "moved!");
+        assert_eq!(run(3).await, held_by_c);
+        b.batch_execute("COMMIT").await.unwrap();
+        for n in 4..10 {
+            run(n).await;
+            let got: String = a.query_one(&st2, &[&"again"]).await.unwrap().get(0);
+            assert_eq!(got, "again!");
+        }
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn pipelined_requests_of_two_clients_share_one_server() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let sa = a.prepare("SELECT $1::int * 2").await.unwrap();
+        let sb = b.prepare("SELECT $1::int * 3").await.unwrap();
+        // tokio-postgres sends concurrent requests of one client without waiting (pipelining).
+        let (a, b, sa, sb) = (&a, &b, &sa, &sb);
+        let runs_a = (0..50).map(|i: i32| async move {
+            let row = a.query_one(sa, &[&i]).await.unwrap();
+            assert_eq!(row.get::<_, i32>(0), i * 2);
+        });
+        let runs_b = (0..50).map(|i: i32| async move {
+            let row = b.query_one(sb, &[&i]).await.unwrap();
+            assert_eq!(row.get::<_, i32>(0), i * 3);
+        });
+        futures_util::future::join(
+            futures_util::future::join_all(runs_a),
+            futures_util::future::join_all(runs_b),
+        )
+        .await;
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+async fn get(client: &Client, st: &Statement) -> Result<String, tokio_postgres::Error> {
+    client.query_one(st, &[]).await.map(|r| r.get(0))
+}
+
+#[tokio::test]
+async fn deallocate_all_and_discard_all_act_on_the_client_only() {
+    within(TEST_DEADLINE, async {
+        let default_timeout = default_setting("statement_timeout").await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let text = |c: &'static str| format!("SELECT '{c}'::text");
+        let a_own = a.prepare(&text("a")).await.unwrap();
+        let a_shared = a.prepare(&text("shared")).await.unwrap();
+        let b_own = b.prepare(&text("b")).await.unwrap();
+        let b_shared = b.prepare(&text("shared")).await.unwrap();
+
+        a.batch_execute("DEALLOCATE ALL").await.unwrap();
+        for st in [&a_own, &a_shared] {
+            let e = get(&a, st).await.unwrap_err();
+            assert_eq!(sqlstate(&e), Some("26000"), "{e:?}");
+            assert!(db_message(&e).contains("does not exist"), "{e:?}");
+        }
+        assert_eq!(get(&b, &b_own).await.unwrap(), "b");
+        assert_eq!(get(&b, &b_shared).await.unwrap(), "shared");
+        let a_new = a.prepare(&text("shared")).await.unwrap();
+        assert_eq!(get(&a, &a_new).await.unwrap(), "shared");
+
+        // DISCARD ALL: statements and settings of A, not of B.
+        a.batch_execute("SET statement_timeout = '5s'")
+            .await
+            .unwrap();
+        b.batch_execute("SET statement_timeout = '7s'")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW statement_timeout").await, "5s");
+        // Refused inside a transaction block, which leaves everything as it was.
+        a.batch_execute("BEGIN").await.unwrap();
+        let e = query_error(&a, "DISCARD ALL").await;
+        assert_eq!(sqlstate(&e), Some("25001"), "{e:?}");
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(get(&a, &a_new).await.unwrap(), "shared");
+        assert_eq!(value(&a, "SHOW statement_timeout").await, "5s");
+
+        a.batch_execute("DISCARD ALL").await.unwrap();
+        let e = get(&a, &a_new).await.unwrap_err();
+        assert_eq!(sqlstate(&e), Some("26000"), "{e:?}");
+        assert_eq!(
+            value(&a, "SHOW statement_timeout").await,
+            default_timeout,
+            "DISCARD ALL kept A's setting"
+        );
+        assert_eq!(value(&b, "SHOW statement_timeout").await, "7s");
+        assert_eq!(get(&b, &b_own).await.unwrap(), "b");
+        assert_eq!(get(&b, &b_shared).await.unwrap(), "shared");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn sql_prepare_execute_deallocate_are_per_client() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        a.batch_execute("PREPARE q AS SELECT 'from a'::text")
+            .await
+            .unwrap();
+        b.batch_execute("PREPARE q AS SELECT 'from b'::text")
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(value(&a, "EXECUTE q").await, "from a");
+            assert_eq!(value(&b, "EXECUTE q").await, "from b");
+        }
+        let e = query_error(&a, "PREPARE q AS SELECT 1").await;
+        assert_eq!(sqlstate(&e), Some("42P05"), "{e:?}");
+        assert_eq!(db_message(&e), "prepared statement \"q\" already exists");
+        assert_eq!(value(&a, "EXECUTE q").await, "from a");
+
+        a.batch_execute("DEALLOCATE q").await.unwrap();
+        let e = query_error(&a, "EXECUTE q").await;
+        assert_eq!(sqlstate(&e), Some("26000"), "{e:?}");
+        assert_eq!(db_message(&e), "prepared statement \"q\" does not exist");
+        assert_eq!(value(&b, "EXECUTE q").await, "from b");
+
+        // Parameters, several statements in one query, a transaction, folded identifiers.
+        let got = a
+            .simple_query("PREPARE q(int) AS SELECT $1 * 2; EXECUTE q(21)")
+            .await
+            .unwrap();
+        assert_eq!(rows(&got), vec![vec![Some("42".to_owned())]]);
+        let got = a.simple_query("BEGIN; EXECUTE q(5); COMMIT").await.unwrap();
+        assert_eq!(rows(&got), vec![vec![Some("10".to_owned())]]);
+        a.batch_execute("PREPARE Folded AS SELECT 'folded'")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "EXECUTE folded").await, "folded");
+        b.batch_execute("DEALLOCATE PREPARE q").await.unwrap();
+        assert_eq!(value(&a, "EXECUTE q(1)").await, "2");
+        let e = query_error(&b, "EXECUTE folded").await;
+        assert_eq!(sqlstate(&e), Some("26000"), "{e:?}");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.max_prepared_statements = 2;
+        })
+        .await;
+        let a = pgmemo.client(USER, DB).await;
+        let mut statements = Vec::new();
+        for i in 0..5 {
+            let sql = format!("SELECT $1::int + {i}");
+            statements.push(a.prepare(&sql).await.unwrap());
+        }
+        for round in 0..3 {
+            for (i, st) in statements.iter().enumerate() {
+                let got: i32 = a.query_one(st, &[&round]).await.unwrap().get(0);
+                assert_eq!(got, round + i as i32);
+            }
+        }
+        let on_server: i64 = value(&a, "SELECT count(*) FROM pg_prepared_statements")
+            .await
+            .parse()
+            .unwrap();
+        assert!(on_server <= 2, "the server holds {on_server} statements");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_column_added_between_executions_shows_up_without_an_error() {
+    within(TEST_DEADLINE, async {
+        let t = unique("txn_alter");
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!(
+                "CREATE TABLE {t} (id int, v text); INSERT INTO {t} VALUES (1, 'one')"
+            ))
+            .await
+            .unwrap();
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let select = format!("SELECT * FROM {t}");
+        let st = a.prepare(&select).await.unwrap();
+        let row = a.query_one(&st, &[]).await.unwrap();
+        assert_eq!(row.len(), 2);
+
+        a.batch_execute(&format!("ALTER TABLE {t} ADD COLUMN c int DEFAULT 7"))
+            .await
+            .unwrap();
+        // B prepares the same text on the same (only) server: the new shape.
+        let row = b
+            .query_one(&select, &[])
+            .await
+            .unwrap_or_else(|e| panic!("B after ALTER TABLE: {e:?}"));
+        assert_eq!(row.len(), 3);
+        assert_eq!(row.get::<_, i32>(2), 7);
+        // A prepares again and gets the new shape too.
+        for _ in 0..2 {
+            let row = a
+                .query_one(&select, &[])
+                .await
+                .unwrap_or_else(|e| panic!("A after ALTER TABLE: {e:?}"));
+            assert_eq!(row.len(), 3);
+            assert_eq!(row.get::<_, i32>(2), 7);
+        }
+        // Once more after a second change made directly.
+        direct
+            .batch_execute(&format!("ALTER TABLE {t} ADD COLUMN d text DEFAULT 'x'"))
+            .await
+            .unwrap();
+        for client in [&a, &b] {
+            let row = client.query_one(&select, &[]).await.unwrap();
+            assert_eq!(row.len(), 4);
+        }
+        pgmemo.shutdown().await;
+        direct
+            .batch_execute(&format!("DROP TABLE {t}"))
+            .await
+            .unwrap();
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session settings.
+
+#[tokio::test]
+async fn settings_stay_with_their_client_on_a_shared_server() {
+    within(TEST_DEADLINE, async {
+        let default_tz = default_setting("TimeZone").await;
+        let default_path = default_setting("search_path").await;
+        let default_timeout = default_setting("statement_timeout").await;
+        let default_lock_timeout = default_setting("lock_timeout").await;
+        let default_work_mem = default_setting("work_mem").await;
+        let schema = unique("txn_schema");
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+
+        a.batch_execute("SET TimeZone = 'Asia/Tokyo'")
+            .await
+            .unwrap();
+        a.batch_execute(&format!("SET search_path = {schema}, public"))
+            .await
+            .unwrap();
+        let expected_path = format!("{schema}, public");
+        assert_eq!(value(&a, "SHOW TimeZone").await, "Asia/Tokyo");
+        assert_eq!(backend_pid(&a).await, backend_pid(&b).await, "one server");
+        assert_eq!(value(&b, "SHOW TimeZone").await, default_tz);
+        assert_eq!(value(&b, "SHOW search_path").await, default_path);
+        assert_eq!(value(&a, "SHOW TimeZone").await, "Asia/Tokyo");
+        assert_eq!(value(&a, "SHOW search_path").await, expected_path);
+        assert_eq!(value(&a, "SELECT current_schema()").await, schema);
+
+        // Extended protocol SETs count too; B's own values do not reach A.
+        a.execute("SET lock_timeout = '9s'", &[]).await.unwrap();
+        b.batch_execute("SET TimeZone = 'America/New_York'")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW lock_timeout").await, "9s");
+        assert_eq!(value(&b, "SHOW lock_timeout").await, default_lock_timeout);
+        assert_eq!(value(&a, "SHOW TimeZone").await, "Asia/Tokyo");
+        assert_eq!(value(&b, "SHOW TimeZone").await, "America/New_York");
+
+        a.batch_execute("RESET TimeZone").await.unwrap();
+        assert_eq!(value(&a, "SHOW TimeZone").await, default_tz);
+        assert_eq!(value(&a, "SHOW search_path").await, expected_path);
+        assert_eq!(value(&b, "SHOW TimeZone").await, "America/New_York");
+        a.batch_execute("RESET ALL").await.unwrap();
+        assert_eq!(value(&a, "SHOW search_path").await, default_path);
+        assert_eq!(value(&a, "SHOW lock_timeout").await, default_lock_timeout);
+        assert_eq!(value(&b, "SHOW TimeZone").await, "America/New_York");
+
+        // Transactions: rolled back SETs and SET LOCAL do not stay, committed SETs do.
+        a.batch_execute("BEGIN; SET statement_timeout = '3s'; ROLLBACK")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW statement_timeout").await, default_timeout);
+        a.batch_execute("BEGIN; SET LOCAL statement_timeout = '4s'")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW statement_timeout").await, "4s");
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(value(&a, "SHOW statement_timeout").await, default_timeout);
+        a.batch_execute("BEGIN; SET statement_timeout = '6s'; COMMIT")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW statement_timeout").await, "6s");
+        assert_eq!(value(&b, "SHOW statement_timeout").await, default_timeout);
+        a.batch_execute("SET work_mem = '7MB'; SELECT 1")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW work_mem").await, "7MB");
+        assert_eq!(value(&b, "SHOW work_mem").await, default_work_mem);
+        pgmemo.shutdown().await;
+        direct
+            .batch_execute(&format!("DROP SCHEMA {schema}"))
+            .await
+            .unwrap();
+    })
+    .await
+}
+
+/// "TimeZone search_path" as the client sees them, and the backend that answered.
+async fn settings_and_pid(client: &Client) -> (String, i32) {
+    let v = value(
+        client,
+        "SELECT current_setting('TimeZone') || ' ' || current_setting('search_path') \
+         || ' ' || pg_backend_pid()",
+    )
+    .await;
+    let (settings, pid) = v.rsplit_once(' ').unwrap();
+    (settings.to_owned(), pid.parse().unwrap())
+}
+
+#[tokio::test]
+async fn settings_follow_their_client_to_another_server() {
+    within(TEST_DEADLINE, async {
+        let default_tz = default_setting("TimeZone").await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let c = pgmemo.client(USER, DB).await;
+        a.batch_execute("SET TimeZone = 'Asia/Tokyo'; SET search_path = txn_elsewhere, public")
+            .await
+            .unwrap();
+        let mine = "Asia/Tokyo txn_elsewhere, public".to_owned();
+
+        let held_by_b = hold(&b).await;
+        let (settings, first) = settings_and_pid(&a).await;
+        assert_eq!(settings, mine);
+        assert_ne!(first, held_by_b);
+        assert_eq!(hold(&c).await, first, "C did not get the free server");
+        assert_eq!(
+            value(&c, "SHOW TimeZone").await,
+            default_tz,
+            "C got A's TimeZone"
+        );
+        b.batch_execute("COMMIT").await.unwrap();
+        let (settings, second) = settings_and_pid(&a).await;
+        assert_eq!(second, held_by_b, "A did not move to the other server");
+        assert_eq!(settings, mine);
+        c.batch_execute("COMMIT").await.unwrap();
+        for client in [&b, &c] {
+            assert_eq!(value(client, "SHOW TimeZone").await, default_tz);
+        }
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn startup_parameters_stay_with_their_client() {
+    within(TEST_DEADLINE, async {
+        let default_path = default_setting("search_path").await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let url = pgmemo.url(USER, DB);
+        let a = connect_with(&url, |c| {
+            c.application_name("txn_app_a");
+        })
+        .await;
+        let b = connect_with(&url, |c| {
+            c.application_name("txn_app_b");
+        })
+        .await;
+        let c = connect_with(&url, |c| {
+            c.options("-c search_path=txn_opt_schema");
+        })
+        .await;
+        assert_eq!(backend_pid(&a).await, backend_pid(&b).await, "one server");
+        for _ in 0..2 {
+            assert_eq!(value(&a, "SHOW application_name").await, "txn_app_a");
+            assert_eq!(value(&b, "SHOW application_name").await, "txn_app_b");
+            assert_eq!(value(&c, "SHOW search_path").await, "txn_opt_schema");
+            assert_eq!(value(&a, "SHOW search_path").await, default_path);
+        }
+        b.batch_execute("SET application_name = 'txn_app_b2'")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW application_name").await, "txn_app_a");
+        assert_eq!(value(&b, "SHOW application_name").await, "txn_app_b2");
+        // RESET goes back to the value given at connect time, as on a direct connection.
+        b.batch_execute("RESET application_name").await.unwrap();
+        assert_eq!(value(&b, "SHOW application_name").await, "txn_app_b");
+        c.batch_execute("RESET ALL").await.unwrap();
+        assert_eq!(value(&c, "SHOW search_path").await, "txn_opt_schema");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session-only features, broken clients, timeouts, many clients.
+
+/// Asserts a 0A000 error that names transaction pooling, then that the session still works
+/// and is not inside a transaction.
+async fn assert_refused(client: &Client, e: tokio_postgres::Error, what: &str) {
+    assert_eq!(sqlstate(&e), Some("0A000"), "{what}: {e:?}");
+    let message = db_message(&e).to_lowercase();
+    assert!(message.contains("transaction"), "{what}: {message}");
+    assert_eq!(value(client, "SELECT 1").await, "1", "after {what}");
+    client
+        .batch_execute("BEGIN; COMMIT")
+        .await
+        .unwrap_or_else(|e| panic!("after {what}: {e:?}"));
+}
+
+#[tokio::test]
+async fn session_only_features_get_a_clear_error() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let key: i64 = 7_000_000 + i64::from(std::process::id());
+        for sql in [
+            "LISTEN txn_channel".to_owned(),
+            "DECLARE txn_cursor CURSOR WITH HOLD FOR SELECT 1".to_owned(),
+            "CREATE TEMP TABLE txn_tt (a int)".to_owned(),
+            "CREATE TEMPORARY TABLE txn_tt (a int)".to_owned(),
+            format!("SELECT pg_advisory_lock({key})"),
+            "SET ROLE postgres".to_owned(),
+            "SET SESSION AUTHORIZATION postgres".to_owned(),
+        ] {
+            let e = query_error(&a, &sql).await;
+            assert_refused(&a, e, &sql).await;
+        }
+        // Through the extended protocol too (migration tools lock this way).
+        let e = a
+            .query_one("SELECT pg_advisory_lock($1)", &[&key])
+            .await
+            .unwrap_err();
+        assert_refused(&a, e, "pg_advisory_lock($1)").await;
+
+        // Their transaction-scoped counterparts work.
+        let got = a
+            .simple_query(
+                "BEGIN; CREATE TEMP TABLE txn_tt2 (a int) ON COMMIT DROP; \
+                 INSERT INTO txn_tt2 VALUES (1), (2); SELECT count(*) FROM txn_tt2; COMMIT",
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows(&got), vec![vec![Some("2".to_owned())]]);
+        let got = a
+            .simple_query(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock({key}); \
+                 DECLARE c CURSOR FOR SELECT generate_series(1, 3); FETCH 2 FROM c; COMMIT"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            rows(&got),
+            vec![
+                vec![Some(String::new())],
+                vec![Some("1".to_owned())],
+                vec![Some("2".to_owned())]
+            ]
+        );
+        a.batch_execute("NOTIFY txn_channel, 'allowed'")
+            .await
+            .unwrap();
+
+        // Nothing of the refused commands reached the (only) server.
+        assert_eq!(backend_pid(&a).await, backend_pid(&b).await, "one server");
+        let leftovers = value(
+            &b,
+            &format!(
+                "SELECT (SELECT count(*) FROM pg_listening_channels()) || ' ' || \
+                 (SELECT count(*) FROM pg_cursors) || ' ' || \
+                 (to_regclass('pg_temp.txn_tt') IS NULL) || ' ' || current_user || ' ' || \
+                 (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {})",
+                key as u32
+            ),
+        )
+        .await;
+        assert_eq!(leftovers, "0 0 true postgres 0");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
+    within(TEST_DEADLINE, async {
+        let default_timeout = default_setting("statement_timeout").await;
+        let default_work_mem = default_setting("work_mem").await;
+        let default_lock_timeout = default_setting("lock_timeout").await;
+        let t = unique("txn_killed");
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!("CREATE TABLE {t} (v text)"))
+            .await
+            .unwrap();
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let (a, a_conn) = connect_watched(&pgmemo.url(USER, DB)).await;
+        let b = pgmemo.client(USER, DB).await;
+        a.batch_execute("SET work_mem = '7MB'").await.unwrap();
+        a.batch_execute(&format!(
+            "BEGIN; INSERT INTO {t} VALUES ('from A'); SET statement_timeout = '4321s'; \
+             SET LOCAL lock_timeout = '77s'"
+        ))
+        .await
+        .unwrap();
+        // The client process dies: its socket closes without a Terminate message.
+        a_conn.abort();
+        let _ = a_conn.await;
+        drop(a);
+
+        // B's statement waits for the server and then finds it clean.
+        let state = value(
+            &b,
+            "SELECT (txid_current_if_assigned() IS NULL) || ' ' || \
+             current_setting('statement_timeout') || ' ' || current_setting('work_mem') || ' ' || \
+             current_setting('lock_timeout')",
+        )
+        .await;
+        assert_eq!(
+            state,
+            format!("true {default_timeout} {default_work_mem} {default_lock_timeout}"),
+            "B sees A's transaction or settings"
+        );
+        assert_eq!(
+            value(&b, "SELECT now() = statement_timestamp()").await,
+            "t",
+            "now() belongs to an older transaction"
+        );
+        b.batch_execute("BEGIN; COMMIT").await.unwrap();
+        let count = format!("SELECT count(*) FROM {t}");
+        assert_eq!(value(&b, &count).await, "0");
+        assert_eq!(value(&direct, &count).await, "0", "A's row was committed");
+        pgmemo.shutdown().await;
+        direct
+            .batch_execute(&format!("DROP TABLE {t}"))
+            .await
+            .unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn idle_transaction_timeout_disconnects_the_idle_client_and_frees_the_server() {
+    within(TEST_DEADLINE, async {
+        let t = unique("txn_idle");
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!("CREATE TABLE {t} (v text)"))
+            .await
+            .unwrap();
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.idle_transaction_timeout = Seconds(Duration::from_secs(1));
+        })
+        .await;
+        let (a, a_conn) = connect_watched(&pgmemo.url(USER, DB)).await;
+        let b = pgmemo.client(USER, DB).await;
+        let idle_outside = pgmemo.client(USER, DB).await;
+        // Busy inside a transaction for longer than the timeout is not idle.
+        b.batch_execute("BEGIN; SELECT pg_sleep(1.5); SELECT 1; COMMIT")
+            .await
+            .unwrap();
+
+        a.batch_execute(&format!("BEGIN; INSERT INTO {t} VALUES ('from A')"))
+            .await
+            .unwrap();
+        let began = Instant::now();
+        // B waits for the only server, which A holds until the timeout ends A's session.
+        assert_eq!(value(&b, "SELECT 'served'").await, "served");
+        let waited = began.elapsed();
+        assert!(
+            waited >= Duration::from_millis(800) && waited < Duration::from_secs(8),
+            "B waited {waited:?}"
+        );
+        let ended = tokio::time::timeout(SOON, a_conn)
+            .await
+            .expect("A's connection was not closed")
+            .unwrap();
+        let e = ended.expect_err("A's connection ended without an error");
+        assert_eq!(sqlstate(&e), Some("25P03"), "{e:?}");
+        let detail = e.as_db_error().and_then(|d| d.detail()).unwrap_or("");
+        let said = format!("{} {detail}", db_message(&e));
+        assert!(
+            said.contains("idle_transaction_timeout") || said.contains("idle-in-transaction"),
+            "{e:?}"
+        );
+        assert!(a.simple_query("SELECT 1").await.is_err());
+        assert_eq!(
+            value(&b, "SELECT txid_current_if_assigned() IS NULL").await,
+            "t"
+        );
+        let count = format!("SELECT count(*) FROM {t}");
+        assert_eq!(value(&direct, &count).await, "0", "A's row was committed");
+        // A client idle outside a transaction all along is not affected.
+        assert_eq!(value(&idle_outside, "SELECT 2").await, "2");
+        pgmemo.shutdown().await;
+        direct
+            .batch_execute(&format!("DROP TABLE {t}"))
+            .await
+            .unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_client_waiting_longer_than_query_wait_timeout_gets_an_error() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.query_wait_timeout = Seconds(Duration::from_secs(1));
+        })
+        .await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let held = hold(&a).await;
+        let began = Instant::now();
+        let e = query_error(&b, "SELECT 1").await;
+        let waited = began.elapsed();
+        assert!(matches!(sqlstate(&e), Some("08P01" | "53300")), "{e:?}");
+        assert!(db_message(&e).contains("query_wait_timeout"), "{e:?}");
+        assert!(
+            waited >= Duration::from_millis(800) && waited < Duration::from_secs(5),
+            "B waited {waited:?}"
+        );
+        // A's transaction is unharmed; once it ends, other clients are served.
+        assert_eq!(backend_pid(&a).await, held);
+        a.batch_execute("COMMIT").await.unwrap();
+        let c = pgmemo.client(USER, DB).await;
+        assert_eq!(value(&c, "SELECT 3").await, "3");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_clients_share_eight_server_connections() {
+    within(Duration::from_secs(180), async {
+        // A cluster of its own whose max_connections leaves no room for a connection per
+        // client: 200 clients only fit if they really share the pool.
+        let pg = TempPostgres::builder()
+            .conf("max_connections = 20")
+            .start()
+            .await
+            .unwrap();
+        pg.psql("CREATE TABLE hits (client int, n int)").await;
+        let pgmemo = txn_pgmemo(pg.port(), 8, |c| {
+            c.query_wait_timeout = Seconds(Duration::from_secs(60));
+        })
+        .await;
+        let url = pgmemo.url(USER, "postgres");
+        let clients = futures_util::future::join_all((0..200).map(|_| testkit::connect(&url)))
+            .await
+            .into_iter()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let runs = clients.iter().enumerate().map(|(i, client)| async move {
+            let mut pids = Vec::new();
+            for n in 0..3 {
+                let got = client
+                    .simple_query(&format!(
+                        "BEGIN; INSERT INTO hits VALUES ({i}, {n}); \
+                         SELECT pg_backend_pid() || ' ' || count(*) FROM hits WHERE client = {i}; \
+                         COMMIT"
+                    ))
+                    .await
+                    .unwrap_or_else(|e| panic!("client {i}: {e:?}"));
+                let row = rows(&got).remove(0).remove(0).unwrap();
+                let (pid, count) = row.split_once(' ').unwrap();
+                assert_eq!(count, (n + 1).to_string(), "client {i}");
+                pids.push(pid.parse::<i32>().unwrap());
+            }
+            let got: i64 = client
+                .query_one("SELECT $1::int8 * 2", &[&(i as i64)])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(got, i as i64 * 2);
+            pids
+        });
+        let pids: BTreeSet<i32> = futures_util::future::join_all(runs)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        assert!(
+            !pids.is_empty() && pids.len() <= 8,
+            "{} backends served",
+            pids.len()
+        );
+        assert_eq!(pg.psql("SELECT count(*) FROM hits").await, "600");
+        for pool in pgmemo.handle().shared().pools.all() {
+            assert!(pool.counts().1 <= 8, "{:?}", pool.counts());
+        }
+        drop(clients);
+        pgmemo.shutdown().await;
+    })
+    .await
+}

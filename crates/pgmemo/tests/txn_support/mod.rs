@@ -1,0 +1,582 @@
+//! Shared by the transaction-pooling test files (`transaction_pooling.rs`,
+//! `transaction_drivers.rs`): pgmemo in `pool_mode = "transaction"`, small client helpers, a
+//! raw protocol client that records what it gets as text (so a run through pgmemo can be
+//! compared with the same run directly against PostgreSQL), external programs (psql, pgbench,
+//! python3) and the one-time installation of the Python drivers.
+
+// Each test file uses a different part of this module.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pgmemo::config::{Invalidation, PoolMode, Seconds, Switch};
+use pgmemo::Config;
+use testkit::{pg_bin, pgmemo_config_for, spawn_pgmemo, PgmemoInstance};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+pub const USER: &str = "postgres";
+/// Database on the shared local server.
+pub const DB: &str = "test";
+/// Generous bound for anything that should happen "at once" on a busy CI machine.
+pub const SOON: Duration = Duration::from_secs(10);
+/// Upper bound for one ordinary test; a hang fails instead of blocking the suite.
+pub const TEST_DEADLINE: Duration = Duration::from_secs(120);
+
+/// A name no other test (in this or another process) uses.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs `fut` with a deadline.
+pub async fn within<T>(limit: Duration, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("test did not finish within {limit:?}"))
+}
+
+/// Transaction pooling in front of PostgreSQL on 127.0.0.1:`port`, cache off (it is not used
+/// in transaction mode; off makes that explicit), and a short `query_wait_timeout` so that a
+/// client stuck waiting for a server fails the test instead of hanging it.
+pub fn txn_config(port: u16, pool_size: usize) -> Config {
+    Config {
+        pool_mode: PoolMode::Transaction,
+        pool_size,
+        cache: Switch::Off,
+        invalidation: Invalidation::Proxy,
+        query_wait_timeout: Seconds(Duration::from_secs(15)),
+        ..pgmemo_config_for(port)
+    }
+}
+
+/// [`txn_config`] with `tweak` applied, started.
+pub async fn txn_pgmemo(
+    port: u16,
+    pool_size: usize,
+    tweak: impl FnOnce(&mut Config),
+) -> PgmemoInstance {
+    let mut config = txn_config(port, pool_size);
+    tweak(&mut config);
+    spawn_pgmemo(config)
+        .await
+        .expect("pgmemo starts with pool_mode = transaction")
+}
+
+pub fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
+    e.code().map(|c| c.code())
+}
+
+/// The server's message of a database error ("" for other errors).
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default()
+}
+
+/// Every row of a simple query, as text.
+pub fn rows(messages: &[SimpleQueryMessage]) -> Vec<Vec<Option<String>>> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The first column of the first row of a simple query; panics on an error or no row.
+pub async fn value(client: &Client, sql: &str) -> String {
+    let messages = client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    rows(&messages)
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+        .unwrap_or_else(|| panic!("{sql}: no value"))
+}
+
+/// The error of a simple query that must fail.
+pub async fn query_error(client: &Client, sql: &str) -> tokio_postgres::Error {
+    match client.simple_query(sql).await {
+        Ok(m) => panic!("{sql}: succeeded with {:?}, expected an error", rows(&m)),
+        Err(e) => e,
+    }
+}
+
+/// The backend serving this statement (in transaction pooling it may change per statement).
+pub async fn backend_pid(client: &Client) -> i32 {
+    value(client, "SELECT pg_backend_pid()")
+        .await
+        .parse()
+        .unwrap()
+}
+
+/// A client whose connection task the test keeps: aborting it drops the socket without a
+/// Terminate (a crashed client); awaiting it gives the error that ended the connection.
+pub async fn connect_watched(url: &str) -> (Client, JoinHandle<Result<(), tokio_postgres::Error>>) {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e:?}"));
+    (client, tokio::spawn(connection))
+}
+
+/// A client connected with a changed configuration (application_name, options, ...).
+pub async fn connect_with(url: &str, change: impl FnOnce(&mut tokio_postgres::Config)) -> Client {
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    change(&mut config);
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e:?}"));
+    tokio::spawn(connection);
+    client
+}
+
+// ---------------------------------------------------------------------------------------------
+// External programs.
+
+/// A PostgreSQL client program (psql, pgbench) with the environment's `PG*` variables removed,
+/// so only the arguments decide where it connects.
+pub fn pg_client(program: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(pg_bin(program));
+    scrub_pg_env(&mut cmd);
+    cmd
+}
+
+fn scrub_pg_env(cmd: &mut tokio::process::Command) {
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("PG") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
+}
+
+/// Runs `cmd` within `limit` and returns its output, whatever its exit status.
+pub async fn output(mut cmd: tokio::process::Command, what: &str, limit: Duration) -> Output {
+    tokio::time::timeout(limit, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
+        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"))
+}
+
+/// Like [`output`] but panics (showing stdout and stderr) unless the program succeeded.
+pub async fn run_ok(cmd: tokio::process::Command, what: &str, limit: Duration) -> Output {
+    let out = output(cmd, what, limit).await;
+    if !out.status.success() {
+        panic!(
+            "{what} failed ({})\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+/// An exclusive `flock` on `path` (created if missing), held until the file is dropped: for
+/// set-up that parallel test processes must not do twice at once. Blocks; call it from
+/// `spawn_blocking`.
+pub fn lock_exclusive(path: &Path) -> std::fs::File {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("opening lock file {}: {e}", path.display()));
+    // SAFETY: flock(2) on a descriptor we own; no memory is shared with the kernel.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(
+        rc,
+        0,
+        "flock {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    file
+}
+
+/// What the Python tests install from PyPI.
+const PY_PACKAGES: &[&str] = &["psycopg[binary]>=3.1,<4", "asyncpg>=0.29,<1"];
+
+/// A directory with psycopg 3 and asyncpg, for `PYTHONPATH`: installed with pip once (per
+/// target directory; later runs reuse it), under a file lock so parallel tests and test
+/// processes do not race.
+pub async fn python_deps() -> PathBuf {
+    static DEPS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    tokio::task::spawn_blocking(|| DEPS.get_or_init(install_python_deps).clone())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn install_python_deps() -> Result<PathBuf, String> {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
+    let dir = root.join("pgmemo-pydeps");
+    let marker = dir.join(".pgmemo-installed");
+    let wanted = PY_PACKAGES.join("\n");
+    let _lock = lock_exclusive(&root.join("pgmemo-pydeps.lock"));
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = std::process::Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(["--no-input", "--target"])
+        .arg(&dir)
+        .args(PY_PACKAGES)
+        .env("PIP_ROOT_USER_ACTION", "ignore")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run python3 -m pip: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pip install {PY_PACKAGES:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::write(&marker, wanted).map_err(|e| format!("writing {}: {e}", marker.display()))?;
+    Ok(dir)
+}
+
+/// `python3 tests/python/SCRIPT ARGS...` with the drivers on `PYTHONPATH`.
+pub async fn python(script: &str, args: &[String]) -> tokio::process::Command {
+    let deps = python_deps().await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let mut cmd = tokio::process::Command::new("python3");
+    scrub_pg_env(&mut cmd);
+    cmd.arg("-u")
+        .arg(path)
+        .args(args)
+        .env("PYTHONPATH", deps)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    cmd
+}
+
+// ---------------------------------------------------------------------------------------------
+// A raw protocol client whose answers are recorded as text.
+
+/// Frontend messages, encoded by hand so the tests do not depend on pgmemo's own codec.
+pub mod msg {
+    fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn cstr(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(s.as_bytes());
+        out.push(0);
+    }
+
+    pub fn query(sql: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        cstr(&mut b, sql);
+        frame(b'Q', &b)
+    }
+
+    /// Parse with parameter type OIDs (empty: the server infers them).
+    pub fn parse(name: &str, sql: &str, types: &[u32]) -> Vec<u8> {
+        let mut b = Vec::new();
+        cstr(&mut b, name);
+        cstr(&mut b, sql);
+        b.extend_from_slice(&(types.len() as u16).to_be_bytes());
+        for t in types {
+            b.extend_from_slice(&t.to_be_bytes());
+        }
+        frame(b'P', &b)
+    }
+
+    /// Bind with text parameters (`None` is NULL) and text results.
+    pub fn bind(portal: &str, statement: &str, params: &[Option<&str>]) -> Vec<u8> {
+        let mut b = Vec::new();
+        cstr(&mut b, portal);
+        cstr(&mut b, statement);
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&(params.len() as u16).to_be_bytes());
+        for p in params {
+            match p {
+                None => b.extend_from_slice(&(-1i32).to_be_bytes()),
+                Some(v) => {
+                    b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                    b.extend_from_slice(v.as_bytes());
+                }
+            }
+        }
+        b.extend_from_slice(&0u16.to_be_bytes());
+        frame(b'B', &b)
+    }
+
+    /// Describe a statement (`b'S'`) or portal (`b'P'`).
+    pub fn describe(kind: u8, name: &str) -> Vec<u8> {
+        let mut b = vec![kind];
+        cstr(&mut b, name);
+        frame(b'D', &b)
+    }
+
+    /// Close a statement (`b'S'`) or portal (`b'P'`).
+    pub fn close(kind: u8, name: &str) -> Vec<u8> {
+        let mut b = vec![kind];
+        cstr(&mut b, name);
+        frame(b'C', &b)
+    }
+
+    /// Execute a portal; `max_rows` 0 means all.
+    pub fn execute(portal: &str, max_rows: u32) -> Vec<u8> {
+        let mut b = Vec::new();
+        cstr(&mut b, portal);
+        b.extend_from_slice(&max_rows.to_be_bytes());
+        frame(b'E', &b)
+    }
+
+    pub fn sync() -> Vec<u8> {
+        frame(b'S', &[])
+    }
+
+    pub fn flush() -> Vec<u8> {
+        frame(b'H', &[])
+    }
+}
+
+/// A client speaking protocol 3.0 over a plain socket (trust login only).
+pub struct Raw {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// Said when an answer does not come (which step of which script).
+    pub context: String,
+}
+
+impl Raw {
+    /// Logs in to 127.0.0.1:`port` as `postgres` to `test`.
+    pub async fn login(port: u16) -> Raw {
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap_or_else(|e| panic!("connect to port {port}: {e}"));
+        stream.set_nodelay(true).unwrap();
+        let mut raw = Raw {
+            stream,
+            buf: Vec::new(),
+            context: format!("login to port {port}"),
+        };
+        let mut body = 196_608u32.to_be_bytes().to_vec();
+        for s in ["user", USER, "database", DB, ""] {
+            body.extend_from_slice(s.as_bytes());
+            body.push(0);
+        }
+        let mut startup = (body.len() as u32 + 4).to_be_bytes().to_vec();
+        startup.extend_from_slice(&body);
+        raw.send(&[startup]).await;
+        loop {
+            let (tag, body) = raw.recv().await;
+            match tag {
+                b'R' => assert_eq!(body[..4], [0, 0, 0, 0], "only trust logins are supported"),
+                b'E' => panic!("login failed: {}", describe(tag, &body)),
+                b'Z' => return raw,
+                _ => {}
+            }
+        }
+    }
+
+    pub async fn send(&mut self, messages: &[Vec<u8>]) {
+        self.stream
+            .write_all(&messages.concat())
+            .await
+            .expect("write");
+    }
+
+    /// The next backend message (tag, body).
+    pub async fn recv(&mut self) -> (u8, Vec<u8>) {
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() > len {
+                    let body = self.buf[5..1 + len].to_vec();
+                    let tag = self.buf[0];
+                    self.buf.drain(..1 + len);
+                    return (tag, body);
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = tokio::time::timeout(SOON, self.stream.read(&mut chunk))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{}: no answer within {SOON:?} (does another client hold the server?)",
+                        self.context
+                    )
+                })
+                .unwrap_or_else(|e| panic!("{}: read: {e}", self.context));
+            assert!(n > 0, "{}: the connection closed", self.context);
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Sends `messages` in one write and returns every answer up to the ReadyForQuery of the
+    /// last Sync or Query among them, one line each (see [`describe`]); ParameterStatus,
+    /// notices and notifications are left out.
+    pub async fn exchange(&mut self, messages: &[Vec<u8>]) -> Vec<String> {
+        let mut pending = messages
+            .iter()
+            .filter(|m| matches!(m.first(), Some(b'S' | b'Q')))
+            .count();
+        assert!(
+            pending > 0,
+            "nothing in {messages:?} asks for ReadyForQuery"
+        );
+        self.send(messages).await;
+        let mut lines = Vec::new();
+        while pending > 0 {
+            let (tag, body) = self.recv().await;
+            if matches!(tag, b'S' | b'N' | b'A') {
+                continue;
+            }
+            lines.push(describe(tag, &body));
+            if tag == b'Z' {
+                pending -= 1;
+            }
+        }
+        lines
+    }
+}
+
+fn cstrings(body: &[u8]) -> Vec<String> {
+    body.split(|&b| b == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+/// One backend message as a line of text: values and types, never PIDs or positions.
+pub fn describe(tag: u8, body: &[u8]) -> String {
+    let i16_at = |at: usize| i16::from_be_bytes([body[at], body[at + 1]]);
+    let i32_at = |at: usize| i32::from_be_bytes(body[at..at + 4].try_into().unwrap());
+    match tag {
+        b'1' => "ParseComplete".into(),
+        b'2' => "BindComplete".into(),
+        b'3' => "CloseComplete".into(),
+        b'n' => "NoData".into(),
+        b's' => "PortalSuspended".into(),
+        b'I' => "EmptyQueryResponse".into(),
+        b'Z' => format!("ReadyForQuery {}", body[0] as char),
+        b'C' => format!("CommandComplete {}", cstrings(body)[0]),
+        b'E' => {
+            let field = |key: u8| {
+                body.split(|&b| b == 0)
+                    .find(|f| f.first() == Some(&key))
+                    .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
+                    .unwrap_or_default()
+            };
+            format!("Error {} {}: {}", field(b'V'), field(b'C'), field(b'M'))
+        }
+        b't' => {
+            let n = i16_at(0) as usize;
+            let oids: Vec<u32> = (0..n)
+                .map(|i| u32::from_be_bytes(body[2 + 4 * i..6 + 4 * i].try_into().unwrap()))
+                .collect();
+            format!("ParameterDescription {oids:?}")
+        }
+        b'T' => {
+            let n = i16_at(0) as usize;
+            let mut at = 2;
+            let mut cols = Vec::new();
+            for _ in 0..n {
+                let end = at + body[at..].iter().position(|&b| b == 0).unwrap();
+                let name = String::from_utf8_lossy(&body[at..end]).into_owned();
+                let oid = u32::from_be_bytes(body[end + 7..end + 11].try_into().unwrap());
+                cols.push(format!("{name}:{oid}"));
+                at = end + 19;
+            }
+            format!("RowDescription [{}]", cols.join(", "))
+        }
+        b'D' => {
+            let n = i16_at(0) as usize;
+            let mut at = 2;
+            let mut values = Vec::new();
+            for _ in 0..n {
+                let len = i32_at(at);
+                at += 4;
+                if len < 0 {
+                    values.push("NULL".to_owned());
+                } else {
+                    let len = len as usize;
+                    values.push(String::from_utf8_lossy(&body[at..at + len]).into_owned());
+                    at += len;
+                }
+            }
+            format!("DataRow [{}]", values.join(", "))
+        }
+        other => format!("Message {:?}", other as char),
+    }
+}
+
+/// Who speaks in a [`run_script`] step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Who {
+    A,
+    B,
+}
+
+/// Logs in two raw clients A and B to 127.0.0.1:`port` and runs `steps` in order, each an
+/// exchange of one client; returns the transcript ("A| ..." / "B| ..." lines, with each step's
+/// number), to compare a run through pgmemo with the same run directly against PostgreSQL.
+pub async fn run_script(port: u16, steps: &[(Who, Vec<Vec<u8>>)]) -> Vec<String> {
+    let mut a = Raw::login(port).await;
+    let mut b = Raw::login(port).await;
+    let mut transcript = Vec::new();
+    for (n, (who, messages)) in steps.iter().enumerate() {
+        let client = match who {
+            Who::A => &mut a,
+            Who::B => &mut b,
+        };
+        client.context = format!("port {port}, step {n} ({who:?})");
+        for line in client.exchange(messages).await {
+            transcript.push(format!("{n:>2} {who:?}| {line}"));
+        }
+    }
+    transcript
+}
+
+/// A readable difference of two transcripts for assertion messages.
+pub fn side_by_side(direct: &[String], proxied: &[String]) -> String {
+    let mut out = String::from("direct  ||  through pgmemo\n");
+    for i in 0..direct.len().max(proxied.len()) {
+        let d = direct.get(i).map(String::as_str).unwrap_or("-");
+        let p = proxied.get(i).map(String::as_str).unwrap_or("-");
+        let mark = if d == p { "   " } else { "!!!" };
+        out.push_str(&format!("{mark} {d}  ||  {p}\n"));
+    }
+    out
+}
