@@ -194,16 +194,18 @@ def pgmemo_has_cache_flag(binary):
     return re.search(r"--cache(?![-\w])", r.stdout + r.stderr) is not None
 
 
-def start_pgmemo(binary, pool_size, pool_mode, workdir, workers, extra_args=(), name="pgmemo"):
+def start_pgmemo(binary, pool_size, pool_mode, workdir, workers, extra_args=(), name="pgmemo",
+                 upstream=None):
     """Starts pgmemo on a free port; `extra_args` are appended to its command line (bench/cache.py
-    passes `--cache on|off`), `name` names the proxy and its log file in `workdir`."""
+    passes `--cache on|off`), `name` names the proxy and its log file in `workdir`, `upstream`
+    replaces the default `--upstream postgres://PG_HOST:PG_PORT`."""
     port = free_port()
     logfile = workdir / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGMEMO_")}
     env["PGMEMO_LOG"] = "warn"
     env["PGMEMO_SERVER_IDLE_TIMEOUT"] = f"{SERVER_IDLE_TIMEOUT_S}s"
     cmd = [str(binary), "--listen", f"127.0.0.1:{port}",
-           "--upstream", f"postgres://{PG_HOST}:{PG_PORT}",
+           "--upstream", upstream or f"postgres://{PG_HOST}:{PG_PORT}",
            "--pool-mode", pool_mode, "--pool-size", str(pool_size), "--log-level", "warn",
            "--worker-threads", str(workers), *extra_args]
     with open(logfile, "wb") as out:
@@ -212,8 +214,11 @@ def start_pgmemo(binary, pool_size, pool_mode, workdir, workers, extra_args=(), 
     return Proxy(name, popen, port, logfile)
 
 
-def start_pgbouncer(binary, pool_size, pool_mode, workdir):
+def start_pgbouncer(binary, pool_size, pool_mode, workdir, extra_settings=()):
+    """Starts PgBouncer on a free port from a config in `workdir`/pgbouncer; `extra_settings` are
+    more `key = value` lines for its [pgbouncer] section."""
     port = free_port()
+    extra = "".join(f"{line}\n" for line in extra_settings)
     d = workdir / "pgbouncer"
     d.mkdir()
     logfile = d / "pgbouncer.log"
@@ -238,7 +243,7 @@ logfile = {logfile}
 pidfile = {d}/pgbouncer.pid
 log_connections = 0
 log_disconnections = 0
-""")
+{extra}""")
     kwargs = {}
     if os.geteuid() == 0:
         # PgBouncer refuses to run as root. Popen switches user itself (as `runuser -u postgres`
@@ -268,6 +273,21 @@ def cpu_ticks(pid):
 # ---------------------------------------------------------------------------------------------
 # pgbench
 
+def pgbench_problems(out):
+    """Errors in pgbench's output: (server errors (ERROR/FATAL/PANIC lines), aborted clients,
+    the first 3 distinct error lines, lines differing only in numbers counted as one)."""
+    errors, aborted, samples = 0, 0, {}
+    for line in out.splitlines():
+        if re.search(r"\bclient \d+ (script \d+ )?aborted", line):
+            aborted += 1
+        if re.search(r"\b(ERROR|FATAL|PANIC):", line):
+            errors += 1
+            key = re.sub(r"\d+", "N", line.strip())[:300]
+            if len(samples) < 3:
+                samples.setdefault(key, line.strip()[:300])
+    return errors, aborted, list(samples.values())
+
+
 def run_pgbench(tools, port, clients, mode, duration, proxy):
     cmd = [tools["pgbench"], "-S", "-n", "-T", str(duration), "-c", str(clients),
            "-j", str(min(clients, 2)), "-M", mode,
@@ -295,6 +315,7 @@ def run_pgbench(tools, port, clients, mode, duration, proxy):
         "cpu_s": None,
         "cpu_us_txn": None,
     }
+    res["errors"], res["aborted"], res["error_samples"] = pgbench_problems(out)
     if res["ok"] and (res["tps"] is None or not res["txns"]):
         res["ok"] = False
     if not res["ok"]:
