@@ -139,7 +139,7 @@ pub struct Link<'a> {
     pub mid_batch: bool,
     pub max_prepared: usize,
     /// The client's messages of the current extended-protocol batch, kept for a retry.
-    pub batch: Vec<wire::Frame>,
+    pub batch: BatchLog,
     /// Replay `batch[n..]`: a statement's plan went stale and the batch is retried once.
     pub retry: Option<usize>,
     /// This batch was retried already.
@@ -192,5 +192,58 @@ impl Link<'_> {
             && self.client.status == TransactionStatus::Idle
             && !self.mid_batch
             && self.retry.is_none()
+    }
+}
+
+/// Copies of the client's messages of the current batch, in one reused buffer: keeping the
+/// received frames themselves would pin the session's read buffer, which then has to be
+/// reallocated for every request.
+#[derive(Default)]
+pub struct BatchLog {
+    bytes: bytes::BytesMut,
+    frames: Vec<(u8, std::ops::Range<usize>)>,
+}
+
+impl BatchLog {
+    /// Starts a new batch.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.frames.clear();
+    }
+
+    /// Records one message.
+    pub fn push(&mut self, frame: &wire::Frame) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(frame.raw());
+        self.frames.push((frame.tag(), start..self.bytes.len()));
+    }
+
+    /// Messages recorded.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Message types of the messages before `n`.
+    pub fn tags_before(&self, n: usize) -> impl Iterator<Item = u8> + '_ {
+        self.frames[..n.min(self.frames.len())].iter().map(|f| f.0)
+    }
+
+    /// The type of the last message.
+    pub fn last_tag(&self) -> Option<u8> {
+        self.frames.last().map(|f| f.0)
+    }
+
+    /// Removes and returns the messages from `n` on.
+    pub fn split_off(&mut self, n: usize) -> Vec<wire::Frame> {
+        let n = n.min(self.frames.len());
+        let frames = self
+            .frames
+            .split_off(n)
+            .into_iter()
+            .map(|(_, range)| wire::Frame::from_raw(Bytes::copy_from_slice(&self.bytes[range])))
+            .collect();
+        let end = self.frames.last().map_or(0, |f| f.1.end);
+        self.bytes.truncate(end);
+        frames
     }
 }

@@ -14,13 +14,13 @@ mod requests;
 mod responses;
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 use wire::backend::TransactionStatus;
 use wire::{sqlstate, ErrorResponse, Frame, FrameHeader, WireError};
 
@@ -119,13 +119,17 @@ pub async fn run(
     state: &mut ClientState,
     cancel: &CancelSlot,
 ) -> End {
-    let stop = shared.stop_accepting.child_token();
-    let terminate = shared.terminate_sessions.child_token();
+    // Built once per session: a fresh cancellation future per transaction would take the
+    // token's lock and allocate every time.
+    let stop_token = shared.stop_accepting.child_token();
+    let terminate_token = shared.terminate_sessions.child_token();
+    let mut stopped = Quiet::new(stop_token.cancelled());
+    let mut terminated = Quiet::new(terminate_token.cancelled());
     let max_message = shared.config().max_message_size.0;
     let mut checkout = Checkout::new(shared, route);
     let mut buffers = Buffers::default();
     loop {
-        match wait_for_request(client, max_message, &stop).await {
+        match wait_for_request(client, max_message, &mut stopped).await {
             Ok(()) => {}
             Err(end) => return end,
         }
@@ -179,9 +183,9 @@ pub async fn run(
                 max_message,
                 max_prepared,
                 idle_timeout,
-                terminate: &terminate,
             },
             &mut buffers,
+            &mut terminated,
         )
         .await;
         cancel.set(None);
@@ -235,7 +239,7 @@ fn finish(
 async fn wait_for_request(
     client: &mut ClientConn,
     max_message: usize,
-    stop: &CancellationToken,
+    stopped: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<(), End> {
     loop {
         match FrameHeader::peek(&client.buf, max_message) {
@@ -255,7 +259,7 @@ async fn wait_for_request(
                 Ok(_) => {}
                 Err(e) => return Err(End::ClientGone(Some(e))),
             },
-            _ = stop.cancelled() => return Err(End::Shutdown),
+            _ = &mut *stopped => return Err(End::Shutdown),
         }
     }
 }
@@ -313,14 +317,13 @@ struct Buffers {
     client_out: BytesMut,
     server_out: BytesMut,
     queue: VecDeque<link::Entry>,
-    batch: Vec<Frame>,
+    batch: link::BatchLog,
 }
 
-struct AttachOptions<'a> {
+struct AttachOptions {
     max_message: usize,
     max_prepared: usize,
     idle_timeout: Duration,
-    terminate: &'a CancellationToken,
 }
 
 /// Relays one transaction. Returns how it ended and whether the server was at a clean
@@ -330,8 +333,9 @@ async fn serve_attached(
     server: &mut ServerConn,
     state: &mut ClientState,
     shared: &Shared,
-    opts: AttachOptions<'_>,
+    opts: AttachOptions,
     buffers: &mut Buffers,
+    terminated: &mut (impl Future<Output = ()> + Unpin),
 ) -> (Attached, bool) {
     let ServerConn {
         stream,
@@ -376,6 +380,7 @@ async fn serve_attached(
                         (&mut client.buf, read_buf),
                         (&mut buffers.client_out, &mut buffers.server_out),
                         params,
+                        terminated,
                     )
                     .await
             }
@@ -391,6 +396,7 @@ async fn serve_attached(
                         (&mut client.buf, read_buf),
                         (&mut buffers.client_out, &mut buffers.server_out),
                         params,
+                        terminated,
                     )
                     .await
             }
@@ -411,7 +417,7 @@ struct Pumps<'p, 'l> {
     /// Wakes the client pump to replay a batch (see `Link::retry`).
     retry: &'p Notify,
     registry: &'p StatementRegistry,
-    opts: &'p AttachOptions<'p>,
+    opts: &'p AttachOptions,
 }
 
 enum PumpError {
@@ -433,6 +439,7 @@ impl Pumps<'_, '_> {
         (client_buf, server_buf): (&mut BytesMut, &mut BytesMut),
         (client_out, server_out): (&mut BytesMut, &mut BytesMut),
         params: &mut Vec<(String, String)>,
+        terminated: &mut (impl Future<Output = ()> + Unpin),
     ) -> Attached
     where
         CR: AsyncRead + Unpin,
@@ -451,7 +458,7 @@ impl Pumps<'_, '_> {
                 Ok(()) => Ok(()),
                 Err(e) => Err(self.end_for(e, cw).await),
             },
-            _ = Quiet::new(self.opts.terminate.cancelled()) => Err(End::Shutdown),
+            _ = terminated => Err(End::Shutdown),
         };
         match outcome {
             Ok(()) => Attached::Released,
@@ -507,7 +514,6 @@ impl Pumps<'_, '_> {
             {
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(from) = link.retry.take() {
-                    let from = from.min(link.batch.len());
                     let frames = link.batch.split_off(from);
                     for frame in frames {
                         wake |= requests::translate(frame, &mut link, self.registry, out)

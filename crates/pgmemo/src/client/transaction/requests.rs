@@ -42,7 +42,7 @@ pub fn translate(
             link.batch.clear();
             link.retried = false;
         }
-        link.batch.push(frame.clone());
+        link.batch.push(&frame);
     }
     match tag {
         frontend::tag::QUERY => {
@@ -247,8 +247,9 @@ fn parse(
         }
     };
     if !named {
+        // A copy: a slice of the read buffer would pin it until the next Parse.
         let parse = match &sql {
-            None => frame.into_raw(),
+            None => Bytes::copy_from_slice(frame.raw()),
             Some(sql) => encode_parse("", sql, &msg.param_types),
         };
         link.client.parses += 1;

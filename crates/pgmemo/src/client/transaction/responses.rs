@@ -302,17 +302,15 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
         .iter()
         .position(|e| e.expect == Expect::Sync)
         .is_some_and(|i| i + 1 == link.queue.len());
-    let ran_before = link.batch[..from.min(link.batch.len())]
-        .iter()
-        .any(|f| f.tag() == wire::frontend::tag::EXECUTE);
+    let ran_before = link
+        .batch
+        .tags_before(from)
+        .any(|t| t == wire::frontend::tag::EXECUTE);
     let retry = !link.retried
         && link.client.status == TransactionStatus::Idle
         && sync_is_last
         && !ran_before
-        && link
-            .batch
-            .last()
-            .is_some_and(|f| f.tag() == wire::frontend::tag::SYNC);
+        && link.batch.last_tag() == Some(wire::frontend::tag::SYNC);
     if retry {
         link.skip_parameter_description = described;
     }
