@@ -70,5 +70,5 @@ fn transaction_pooling_is_accepted_and_a_bad_mode_refused() {
     let out = pgmemo(&["--pool-mode", "statement", "--check"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("pool_mode"), "{err}");
+    assert!(err.contains("pool-mode"), "{err}");
 }

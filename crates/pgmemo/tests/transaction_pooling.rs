@@ -784,3 +784,57 @@ async fn two_hundred_clients_share_eight_server_connections() {
     })
     .await
 }
+
+// ---------------------------------------------------------------------------------------------
+// COPY.
+
+#[tokio::test]
+async fn copy_in_and_out_work_between_other_clients_transactions() {
+    use futures_util::{SinkExt, StreamExt};
+    within(TEST_DEADLINE, async {
+        let t = unique("txn_copy");
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        a.batch_execute(&format!("CREATE TABLE {t} (id int, v text)"))
+            .await
+            .unwrap();
+        let rows_in = 20_000;
+        let sink = a.copy_in(&format!("COPY {t} FROM STDIN")).await.unwrap();
+        futures_util::pin_mut!(sink);
+        let mut data = String::new();
+        for i in 0..rows_in {
+            data.push_str(&format!("{i}\trow {i}\n"));
+        }
+        sink.send(bytes::Bytes::from(data)).await.unwrap();
+        assert_eq!(sink.finish().await.unwrap(), rows_in as u64);
+        // Another client uses the only server in between.
+        assert_eq!(value(&b, "SELECT 1").await, "1");
+        let stream = a
+            .copy_out(&format!("COPY (SELECT * FROM {t} ORDER BY id) TO STDOUT"))
+            .await
+            .unwrap();
+        futures_util::pin_mut!(stream);
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            out.extend_from_slice(&chunk.unwrap());
+        }
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), rows_in);
+        assert_eq!(text.lines().nth(7), Some("7\trow 7"));
+        // A failed COPY leaves the session (and the server for B) usable.
+        let sink = a.copy_in(&format!("COPY {t} FROM STDIN")).await.unwrap();
+        futures_util::pin_mut!(sink);
+        sink.send(bytes::Bytes::from_static(b"not a number\tx\n"))
+            .await
+            .unwrap();
+        assert!(sink.finish().await.is_err());
+        assert_eq!(value(&b, "SELECT 2").await, "2");
+        assert_eq!(
+            value(&a, &format!("SELECT count(*) FROM {t}")).await,
+            rows_in.to_string()
+        );
+        a.batch_execute(&format!("DROP TABLE {t}")).await.unwrap();
+    })
+    .await;
+}

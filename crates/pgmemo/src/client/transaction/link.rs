@@ -147,6 +147,8 @@ pub struct Link<'a> {
     /// The retried batch restarts at a Describe whose ParameterDescription the client
     /// already has: the replay's is swallowed.
     pub skip_parameter_description: bool,
+    /// An extended-protocol COPY FROM STDIN is reading data: the server ignores Syncs.
+    pub copy_in: bool,
 }
 
 impl Link<'_> {

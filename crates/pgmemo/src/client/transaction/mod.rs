@@ -356,6 +356,7 @@ async fn serve_attached(
         retry: None,
         retried: false,
         skip_parameter_description: false,
+        copy_in: false,
     });
     let wake = Notify::new();
     let retry = Notify::new();
@@ -508,6 +509,9 @@ impl Pumps<'_, '_> {
         W: AsyncWrite + Unpin,
     {
         out.clear();
+        // Registered once, polled only when notified (see `Quiet`): a fresh `notified()` per
+        // read would take the Notify's lock twice per message.
+        let mut retry = Quiet::new(self.retry.notified());
         loop {
             let mut terminate = false;
             let mut wake = false;
@@ -555,7 +559,7 @@ impl Pumps<'_, '_> {
                         return Ok(false);
                     }
                 }
-                _ = self.retry.notified() => {}
+                _ = &mut retry => retry = Quiet::new(self.retry.notified()),
             }
         }
     }
@@ -574,6 +578,7 @@ impl Pumps<'_, '_> {
         W: AsyncWrite + Unpin,
     {
         out.clear();
+        let mut woken = Quiet::new(self.wake.notified());
         loop {
             let (processed, idle_in_txn) = {
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
@@ -631,7 +636,7 @@ impl Pumps<'_, '_> {
                         return Err(PumpError::Server(std::io::ErrorKind::UnexpectedEof.into()));
                     }
                 }
-                _ = self.wake.notified() => {}
+                _ = &mut woken => woken = Quiet::new(self.wake.notified()),
                 _ = timer => return Err(PumpError::IdleTimeout),
             }
         }

@@ -108,7 +108,11 @@ pub fn translate(
         }
         frontend::tag::SYNC => {
             out.extend_from_slice(frame.raw());
-            link.queue.push_back(Entry::forward(Expect::Sync));
+            // In copy-in mode the server ignores Sync (libpq and tokio-postgres send one right
+            // after the COPY's Execute): no ReadyForQuery will answer it.
+            if !link.copy_in {
+                link.queue.push_back(Entry::forward(Expect::Sync));
+            }
             link.mid_batch = false;
             Ok(false)
         }
@@ -122,6 +126,11 @@ pub fn translate(
             sync_settings(link, out);
             out.extend_from_slice(frame.raw());
             link.queue.push_back(Entry::forward(Expect::Query));
+            Ok(false)
+        }
+        frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => {
+            link.copy_in = false;
+            out.extend_from_slice(frame.raw());
             Ok(false)
         }
         // COPY data and anything else: the server judges it.

@@ -193,6 +193,20 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
     } else {
         Action::Swallow
     };
+    if (entry.expect, tag) == (Expect::Execute, backend::tag::COPY_IN_RESPONSE) {
+        // Syncs the client sent after this Execute are ignored by the server until the copy
+        // ends, and so are the ones it sends before CopyDone.
+        link.copy_in = true;
+        let mut i = 1;
+        while i < link.queue.len() {
+            if link.queue[i].expect == Expect::Sync {
+                link.queue.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        return Action::Forward;
+    }
     if (entry.expect, tag)
         == (
             Expect::DescribeStatement,
