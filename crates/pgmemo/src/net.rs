@@ -30,6 +30,13 @@ impl FastTcp {
         Ok(FastTcp { fd })
     }
 
+    /// Whether the reactor has seen the socket become readable since the last read that
+    /// drained it (data or end of stream). Makes no system call; a `true` may be stale.
+    pub fn maybe_readable(&self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        self.fd.poll_read_ready(&mut cx).is_ready()
+    }
+
     fn poll_read_inner(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if buf.remaining() == 0 {
             return Poll::Ready(Ok(()));
@@ -168,6 +175,10 @@ impl ServerStream {
     /// server connection in that state must not be handed to a client. Never blocks.
     pub fn peer_closed_or_spoke(&self) -> bool {
         let fd = match self {
+            // The reactor already knows whether anything arrived since the socket was last
+            // drained: only then is a system call needed to tell (transaction pooling asks
+            // on every checkout).
+            MaybeTls::Plain(s) if !s.maybe_readable() => return false,
             MaybeTls::Plain(s) => s.as_raw_fd(),
             MaybeTls::Tls(s) => s.get_ref().0.as_raw_fd(),
         };
