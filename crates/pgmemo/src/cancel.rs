@@ -12,7 +12,9 @@ use wire::startup::CancelKey;
 /// Where a cancel for one client must go.
 #[derive(Debug, Clone)]
 pub struct ServerCancelTarget {
-    pub host: String,
+    /// Shared with the server connection: a transaction-pooled client sets its target on
+    /// every checkout.
+    pub host: std::sync::Arc<str>,
     pub port: u16,
     pub key: CancelKey,
 }
@@ -109,7 +111,7 @@ impl CancelRegistry {
 }
 
 async fn send_cancel(target: &ServerCancelTarget) -> std::io::Result<()> {
-    let mut s = TcpStream::connect((target.host.as_str(), target.port)).await?;
+    let mut s = TcpStream::connect((&*target.host, target.port)).await?;
     s.write_all(&target.key.encode_cancel_request()).await?;
     s.flush().await?;
     // PostgreSQL closes the socket once it has read the request; waiting for that keeps the

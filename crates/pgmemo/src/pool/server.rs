@@ -91,7 +91,7 @@ pub struct ServerConn {
     /// only reused by clients whose startup parameters hash the same.
     pub fingerprint: u64,
     /// Where the server is, for cancel requests.
-    pub host: String,
+    pub host: std::sync::Arc<str>,
     pub port: u16,
     /// Transaction status from the last ReadyForQuery.
     pub status: TransactionStatus,
@@ -145,7 +145,7 @@ impl ServerConn {
             key: None,
             params: Vec::new(),
             fingerprint,
-            host: host.to_owned(),
+            host: host.into(),
             port,
             status: TransactionStatus::Idle,
             created: Instant::now(),

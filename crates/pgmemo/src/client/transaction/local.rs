@@ -32,6 +32,13 @@ pub fn answer(
         if buf.len() - at < header.frame_len {
             return None;
         }
+        if !matches!(
+            header.tag,
+            frontend::tag::SYNC | frontend::tag::PARSE | frontend::tag::CLOSE
+        ) {
+            // Checked before copying anything: nearly every request ends here.
+            return None;
+        }
         let body =
             bytes::Bytes::copy_from_slice(&buf[at + FrameHeader::SIZE..at + header.frame_len]);
         at += header.frame_len;

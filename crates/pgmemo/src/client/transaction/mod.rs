@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::Notify;
 use wire::backend::TransactionStatus;
 use wire::{sqlstate, ErrorResponse, Frame, FrameHeader, WireError};
 
@@ -311,6 +310,30 @@ impl Checkout {
     }
 }
 
+/// A signal between the two pumps. Both run in one task and `select!` polls every pending
+/// branch on each wake-up, so a raised flag is seen without a waker: by the server pump in
+/// the same pass (it is polled after the client pump), by the client pump once the raising
+/// pump yields (`raise` wakes the task for that).
+#[derive(Default)]
+struct Flag(std::sync::atomic::AtomicBool);
+
+impl Flag {
+    fn raise(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Completes when the flag is raised (and lowers it). Registers no waker.
+    fn raised(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |_| {
+            if self.0.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
+}
+
 /// Allocations a session reuses from one transaction to the next.
 #[derive(Default)]
 struct Buffers {
@@ -358,8 +381,8 @@ async fn serve_attached(
         skip_parameter_description: false,
         copy_in: false,
     });
-    let wake = Notify::new();
-    let retry = Notify::new();
+    let wake = Flag::default();
+    let retry = Flag::default();
     let attached = {
         let pumps = Pumps {
             link: &link,
@@ -414,9 +437,11 @@ async fn serve_attached(
 
 struct Pumps<'p, 'l> {
     link: &'p Mutex<Link<'l>>,
-    wake: &'p Notify,
-    /// Wakes the client pump to replay a batch (see `Link::retry`).
-    retry: &'p Notify,
+    /// pgmemo queued an answer of its own: the server pump sends it without waiting for the
+    /// server.
+    wake: &'p Flag,
+    /// Makes the client pump replay a batch (see `Link::retry`).
+    retry: &'p Flag,
     registry: &'p StatementRegistry,
     opts: &'p AttachOptions,
 }
@@ -509,9 +534,6 @@ impl Pumps<'_, '_> {
         W: AsyncWrite + Unpin,
     {
         out.clear();
-        // Registered once, polled only when notified (see `Quiet`): a fresh `notified()` per
-        // read would take the Notify's lock twice per message.
-        let mut retry = Quiet::new(self.retry.notified());
         loop {
             let mut terminate = false;
             let mut wake = false;
@@ -541,7 +563,7 @@ impl Pumps<'_, '_> {
                     .map_err(PumpError::Protocol)?;
             }
             if wake {
-                self.wake.notify_one();
+                self.wake.raise();
             }
             if !out.is_empty() {
                 server.write_all(out).await.map_err(PumpError::Server)?;
@@ -559,7 +581,7 @@ impl Pumps<'_, '_> {
                         return Ok(false);
                     }
                 }
-                _ = &mut retry => retry = Quiet::new(self.retry.notified()),
+                _ = self.retry.raised() => {}
             }
         }
     }
@@ -578,14 +600,15 @@ impl Pumps<'_, '_> {
         W: AsyncWrite + Unpin,
     {
         out.clear();
-        let mut woken = Quiet::new(self.wake.notified());
         loop {
+            let mut replay = false;
             let (processed, idle_in_txn) = {
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 let p = responses::process(buf, &mut link, params, out)
                     .map_err(PumpError::ServerProtocol)?;
                 if link.retry.is_some() {
-                    self.retry.notify_one();
+                    self.retry.raise();
+                    replay = true;
                 }
                 let idle_in_txn =
                     link.queue.is_empty() && link.client.status != TransactionStatus::Idle;
@@ -606,6 +629,10 @@ impl Pumps<'_, '_> {
                 client.flush().await.map_err(PumpError::Client)?;
             }
             buf.advance(processed.consumed);
+            if replay {
+                // The client pump runs first in each pass: let it see the flag now.
+                tokio::task::yield_now().await;
+            }
             // The client pump may have sent a new request while the answer was being written:
             // release only if the server is still owed nothing.
             if processed.released
@@ -636,7 +663,7 @@ impl Pumps<'_, '_> {
                         return Err(PumpError::Server(std::io::ErrorKind::UnexpectedEof.into()));
                     }
                 }
-                _ = &mut woken => woken = Quiet::new(self.wake.notified()),
+                _ = self.wake.raised() => {}
                 _ = timer => return Err(PumpError::IdleTimeout),
             }
         }
