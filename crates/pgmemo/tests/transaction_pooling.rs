@@ -838,3 +838,60 @@ async fn copy_in_and_out_work_between_other_clients_transactions() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Pool management.
+
+/// `(pool_size, server_total)` of the (test, postgres) pool from the admin console.
+async fn pool_figures(admin: &Client) -> (String, usize) {
+    let pools = rows(&admin.simple_query("SHOW POOLS").await.unwrap());
+    let row = pools
+        .iter()
+        .find(|r| r[0].as_deref() == Some(DB) && r[1].as_deref() == Some(USER))
+        .expect("the pool of the test's client");
+    (
+        row[3].clone().unwrap(),
+        row[5].as_deref().unwrap().parse().unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn min_pool_size_keeps_servers_open_and_users_have_their_own_pool_size() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 4, |c| {
+            c.min_pool_size = 2;
+            c.users.insert(
+                USER.to_owned(),
+                pgmemo::config::UserConfig { pool_size: Some(3) },
+            );
+        })
+        .await;
+        let client = pgmemo.client(USER, DB).await;
+        assert_eq!(value(&client, "SELECT 1").await, "1");
+        let admin = pgmemo.client(USER, "pgmemo").await;
+        let ready = testkit::eventually(SOON, || async { pool_figures(&admin).await.1 >= 2 }).await;
+        let (size, total) = pool_figures(&admin).await;
+        assert!(
+            ready,
+            "min_pool_size 2 not reached: {total} server connections"
+        );
+        assert_eq!(size, "3", "the [users] override sets the pool size");
+        assert!(total <= 3);
+        // The spare connections serve clients like any other.
+        let others: Vec<Client> =
+            futures_util::future::join_all((0..3).map(|_| pgmemo.client(USER, DB))).await;
+        for c in &others {
+            c.batch_execute("BEGIN").await.unwrap();
+        }
+        let pids: BTreeSet<i32> = futures_util::future::join_all(others.iter().map(backend_pid))
+            .await
+            .into_iter()
+            .collect();
+        assert_eq!(pids.len(), 3, "three transactions on three servers");
+        for c in &others {
+            c.batch_execute("COMMIT").await.unwrap();
+        }
+        assert!(pool_figures(&admin).await.1 <= 3);
+    })
+    .await;
+}

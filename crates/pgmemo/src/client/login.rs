@@ -110,9 +110,10 @@ pub async fn login(
 ) -> Result<(Route, Lease, ServerConn), ClientError> {
     let config = shared.config();
     let mut route = Route::resolve(&config, startup);
-    let pool = shared
-        .pools
-        .get(&route.key, config.pool_size_for(&route.client_database));
+    let pool = shared.pools.get(
+        &route.key,
+        config.pool_size_for(&route.client_database, &route.key.user),
+    );
     let settings = pool_settings(&config);
     let wait = config.query_wait_timeout.0;
     let upstream_tls = shared.upstream_tls.as_ref();

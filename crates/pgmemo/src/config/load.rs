@@ -24,6 +24,7 @@ const KEYS: &[&str] = &[
     "upstream",
     "pool_mode",
     "pool_size",
+    "min_pool_size",
     "max_prepared_statements",
     "idle_transaction_timeout",
     "max_client_conn",
@@ -44,6 +45,7 @@ const KEYS: &[&str] = &[
     "client_tls_sslmode",
     "log_level",
     "databases",
+    "users",
     "cache",
     "cache_size",
     "max_entry_size",
@@ -228,7 +230,7 @@ fn probe(key: &str, value: &Value) -> Result<(), String> {
         .map_err(|e| clean(&e.to_string()))
 }
 
-/// Sets `key` in `base`; tables (such as `databases`) are merged key by key.
+/// Sets `key` in `base`; tables (such as `databases` and `users`) are merged key by key.
 fn overlay(base: &mut Table, key: String, value: Value) {
     match value {
         Value::Table(over) if base.get(&key).is_some_and(Value::is_table) => {
@@ -337,6 +339,17 @@ pub fn validate(config: &Config) -> Result<(), ConfigError> {
     for (key, path) in files {
         if let Some(problem) = path.and_then(|p| missing_file(key, p)) {
             problems.push(problem);
+        }
+    }
+    if config.min_pool_size > config.pool_size {
+        problems.push(format!(
+            "min_pool_size ({}) must not exceed pool_size ({})",
+            config.min_pool_size, config.pool_size
+        ));
+    }
+    for (name, user) in &config.users {
+        if user.pool_size == Some(0) {
+            problems.push(format!("users.{name}.pool_size must be at least 1"));
         }
     }
     for (name, db) in &config.databases {
@@ -520,7 +533,7 @@ mod tests {
         assert_eq!(c.max_message_size, ByteSize(1 << 20));
         assert_eq!(c.pool_mode, PoolMode::Session);
         assert_eq!((c.upstream.host.as_str(), c.upstream.port), ("db", 5433));
-        assert_eq!(c.pool_size_for("app"), 3);
+        assert_eq!(c.pool_size_for("app", "anyone"), 3);
     }
 
     #[test]
@@ -550,6 +563,24 @@ mod tests {
         assert_eq!(c.server_idle_timeout.0, Duration::from_secs(300));
         assert_eq!(c.server_lifetime.0, Duration::from_secs(7200));
         assert_eq!(c.max_message_size.0, 1 << 20);
+    }
+
+    #[test]
+    fn users_override_the_pool_size_and_min_pool_size_is_bounded() {
+        let f = file_with(
+            "pool_size = 5\nmin_pool_size = 2\n[users.batch]\npool_size = 2\n\
+             [databases.app]\npool_size = 4\n",
+        );
+        let c = load(&sources(Some(f.path()), &[], "")).unwrap();
+        assert_eq!(c.pool_size_for("other", "batch"), 2);
+        assert_eq!(c.pool_size_for("app", "batch"), 4, "a database entry wins");
+        assert_eq!(c.pool_size_for("other", "web"), 5);
+        assert_eq!(c.min_pool_size, 2);
+        let err = load(&sources(None, &[], "min_pool_size = 30")).unwrap_err();
+        assert!(err.to_string().contains("min_pool_size"), "{err}");
+        let f = file_with("[users.batch]\npool_size = 0\n");
+        let err = load(&sources(Some(f.path()), &[], "")).unwrap_err();
+        assert!(err.to_string().contains("users.batch.pool_size"), "{err}");
     }
 
     #[test]

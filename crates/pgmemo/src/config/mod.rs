@@ -149,6 +149,14 @@ pub struct DatabaseConfig {
     pub cache: Option<Switch>,
 }
 
+/// Settings for one user (`[users.NAME]`), PgBouncer's per-user overrides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// Overrides `pool_size` for this user's pools (a `[databases]` entry's size wins).
+    pub pool_size: Option<usize>,
+}
+
 /// The whole configuration. Defaults match `pgmemo` started with no arguments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -161,6 +169,9 @@ pub struct Config {
     pub pool_mode: PoolMode,
     /// Server connections per (database, user). Runtime.
     pub pool_size: usize,
+    /// Transaction pooling: server connections pgmemo keeps open per pool even when no client
+    /// needs them (opened once the pool's first client logged in). Runtime.
+    pub min_pool_size: usize,
     /// Transaction pooling: statements each server connection keeps prepared for the clients
     /// it serves (least recently used ones are closed beyond this). Runtime.
     pub max_prepared_statements: usize,
@@ -204,6 +215,8 @@ pub struct Config {
     pub log_level: String,
     /// Name mappings for databases clients ask for. Runtime.
     pub databases: BTreeMap<String, DatabaseConfig>,
+    /// Per-user overrides. Runtime.
+    pub users: BTreeMap<String, UserConfig>,
     /// Threads serving clients; 0 means one per CPU core. Restart.
     pub worker_threads: usize,
     /// Roles allowed into the admin console (database `pgmemo`); empty means the roles that
@@ -241,6 +254,7 @@ impl Default for Config {
             upstream: UpstreamUrl::default(),
             pool_mode: PoolMode::Session,
             pool_size: 20,
+            min_pool_size: 0,
             max_prepared_statements: 500,
             idle_transaction_timeout: Seconds(Duration::ZERO),
             max_client_conn: 1000,
@@ -261,6 +275,7 @@ impl Default for Config {
             client_tls_sslmode: ClientTlsMode::Prefer,
             log_level: "info".to_owned(),
             databases: BTreeMap::new(),
+            users: BTreeMap::new(),
             worker_threads: 0,
             admin_users: Vec::new(),
             cache: Switch::On,
@@ -278,11 +293,13 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Pool size for a database, honouring a `[databases]` override.
-    pub fn pool_size_for(&self, database: &str) -> usize {
+    /// Pool size for a (database, user) pool: a `[databases]` override, else a `[users]`
+    /// override, else `pool_size`.
+    pub fn pool_size_for(&self, database: &str, user: &str) -> usize {
         self.databases
             .get(database)
             .and_then(|d| d.pool_size)
+            .or_else(|| self.users.get(user).and_then(|u| u.pool_size))
             .unwrap_or(self.pool_size)
     }
 

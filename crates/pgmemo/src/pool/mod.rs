@@ -194,6 +194,31 @@ impl Pool {
         Ok(Lease::new(self.clone(), permit))
     }
 
+    /// Reserves room for a connection opened in the background so that the pool holds at
+    /// least `min` (`min_pool_size`); false when it already does (or is full).
+    pub fn reserve_spare(&self, min: usize) -> bool {
+        let mut st = self.state();
+        if st.total < min.min(self.size()) {
+            st.total += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Adds a connection opened after [`Pool::reserve_spare`], or gives the room back when
+    /// opening it failed.
+    pub fn fill_spare(&self, conn: Option<ServerConn>) {
+        let mut st = self.state();
+        match conn {
+            Some(mut conn) => {
+                conn.last_used = Instant::now();
+                st.idle.push_back(conn);
+            }
+            None => st.total -= 1,
+        }
+    }
+
     /// See the field doc of `trust_known`.
     pub fn trust_known(&self) -> bool {
         self.trust_known.load(Ordering::Acquire)

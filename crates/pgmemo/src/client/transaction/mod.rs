@@ -126,6 +126,7 @@ pub async fn run(
     let mut terminated = Quiet::new(terminate_token.cancelled());
     let max_message = shared.config().max_message_size.0;
     let mut checkout = Checkout::new(shared, route);
+    checkout.top_up(shared, route);
     let mut buffers = Buffers::default();
     loop {
         match wait_for_request(client, max_message, &mut stopped).await {
@@ -200,7 +201,10 @@ pub async fn run(
         );
         tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), status = ?state.status, released = matches!(attached, Attached::Released), "detach");
         match attached {
-            Attached::Released => lease.return_idle(server, true),
+            Attached::Released => {
+                lease.return_idle(server, true);
+                checkout.top_up(shared, route);
+            }
             Attached::Ended(end) => {
                 finish(lease, server, &end, at_boundary, state.status, shared);
                 return end;
@@ -274,14 +278,32 @@ struct Checkout {
 impl Checkout {
     fn new(shared: &Shared, route: &Route) -> Checkout {
         let config = shared.config().clone();
-        let pool = shared
-            .pools
-            .get(&route.key, config.pool_size_for(&route.client_database));
+        let pool = shared.pools.get(
+            &route.key,
+            config.pool_size_for(&route.client_database, &route.key.user),
+        );
         Checkout {
             settings: pool_settings(&config),
             pool,
             config,
         }
+    }
+
+    /// Opens a connection in the background while the pool holds fewer than
+    /// `min_pool_size`, one per call, so a burst of clients finds servers ready.
+    fn top_up(&self, shared: &Arc<Shared>, route: &Route) {
+        let min = self.config.min_pool_size;
+        if min == 0 || !self.pool.reserve_spare(min) {
+            return;
+        }
+        let (pool, shared, route) = (self.pool.clone(), shared.clone(), route.clone());
+        tokio::spawn(async move {
+            let opened = open_authenticated(&shared, &route).await;
+            if let Err(e) = &opened {
+                tracing::warn!(error = %e, "opening a server connection for min_pool_size failed");
+            }
+            pool.fill_spare(opened.ok());
+        });
     }
 
     /// Follows a reloaded configuration.
