@@ -895,3 +895,71 @@ async fn min_pool_size_keeps_servers_open_and_users_have_their_own_pool_size() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Cancel.
+
+#[tokio::test]
+async fn cancel_reaches_the_clients_current_server_and_never_another_clients_query() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let app = unique("txn_cancel");
+        let url = format!("{}?application_name={app}", pgmemo.url(USER, DB));
+        let a = testkit::connect(&url).await.unwrap();
+        let b = pgmemo.client(USER, DB).await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        let token = a.cancel_token();
+        let running = tokio::spawn(async move {
+            let r = a.query("SELECT pg_sleep(10)", &[]).await;
+            (r.map(|_| ()), Instant::now(), a)
+        });
+        let active = testkit::eventually(SOON, || {
+            let (direct, app) = (&direct, &app);
+            async move {
+                direct
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                         AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
+                        &[app],
+                    )
+                    .await
+                    .is_ok_and(|r| r.get::<_, i64>(0) == 1)
+            }
+        })
+        .await;
+        assert!(active, "pg_sleep never ran");
+        let cancelled_at = Instant::now();
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        let (result, failed_at, a) = running.await.unwrap();
+        let err = result.expect_err("the query was cancelled");
+        assert_eq!(sqlstate(&err), Some("57014"), "{err}");
+        assert!(failed_at.duration_since(cancelled_at) < Duration::from_secs(1));
+
+        // A is between transactions now; B runs on the same (only) server. A's cancel must not
+        // reach B's query.
+        let b_running = tokio::spawn(async move {
+            let r = b.query("SELECT pg_sleep(0.5)", &[]).await;
+            (r.map(|_| ()), b)
+        });
+        let b_active = testkit::eventually(SOON, || {
+            let direct = &direct;
+            async move {
+                direct
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                         AND query = 'SELECT pg_sleep(0.5)'",
+                        &[],
+                    )
+                    .await
+                    .is_ok_and(|r| r.get::<_, i64>(0) >= 1)
+            }
+        })
+        .await;
+        assert!(b_active, "B's query never ran");
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        let (b_result, _b) = b_running.await.unwrap();
+        b_result.expect("a detached client's cancel reaches nobody");
+        assert_eq!(value(&a, "SELECT 1").await, "1");
+    })
+    .await;
+}
