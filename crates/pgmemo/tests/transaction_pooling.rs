@@ -963,3 +963,33 @@ async fn cancel_reaches_the_clients_current_server_and_never_another_clients_que
     })
     .await;
 }
+
+#[tokio::test]
+async fn settings_pgmemo_cannot_replay_are_refused() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let client = pgmemo.client(USER, DB).await;
+        for (sql, what) in [
+            (
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+                "SET SESSION CHARACTERISTICS",
+            ),
+            ("SET search_path FROM CURRENT", "SET ... FROM CURRENT"),
+            ("EXPLAIN EXECUTE q", "EXPLAIN EXECUTE"),
+        ] {
+            let e = client.batch_execute(sql).await.unwrap_err();
+            assert_refused(&client, e, what).await;
+        }
+        // Startup options other than settings cannot be replayed on pooled servers.
+        let mut config: tokio_postgres::Config = pgmemo.url(USER, DB).parse().unwrap();
+        config.options("-B 100");
+        let e = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("the login is refused");
+        assert_eq!(sqlstate(&e), Some("0A000"), "{e:?}");
+        assert!(db_message(&e).contains("-B 100"), "{e:?}");
+    })
+    .await;
+}

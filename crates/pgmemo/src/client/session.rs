@@ -128,7 +128,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
             super::transaction::run(&mut client, &shared, &route, &mut state, &registration.slot)
                 .await;
         drop(registration);
-        close_session(&mut client, &end, &shared).await;
+        tell_why_session_ends(&mut client, &end, &shared).await;
         tracing::info!(
             %peer, %user, database = %route.client_database,
             duration_ms = started.elapsed().as_millis() as u64,
@@ -153,41 +153,10 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     drop(registration);
 
     let settings = pool_settings(&shared.config());
+    tell_why_session_ends(&mut client, &end, &shared).await;
     match &end {
-        End::ServerGone { fatal_forwarded } => {
-            if !fatal_forwarded {
-                client
-                    .send_error(
-                        &ErrorResponse::fatal(
-                            sqlstate::CONNECTION_FAILURE,
-                            "server closed the connection unexpectedly",
-                        )
-                        .with_hint("The server may have been restarted; reconnect to continue."),
-                    )
-                    .await;
-            }
-            lease.discard(server);
-        }
-        End::Shutdown => {
-            client
-                .send_error(
-                    &ErrorResponse::fatal(
-                        sqlstate::ADMIN_SHUTDOWN,
-                        "terminating connection due to administrator command",
-                    )
-                    .with_detail("pgmemo is shutting down."),
-                )
-                .await;
-            lease.release(server, state, settings);
-        }
-        End::ClientProtocol(e) => {
-            Stats::bump(&shared.stats.protocol_errors);
-            if let Some(err) = ClientError::Protocol(e.clone()).to_error_response() {
-                client.send_error(&err).await;
-            }
-            lease.release(server, state, settings);
-        }
-        End::ClientTerminated | End::ClientGone(_) => {
+        End::ServerGone { .. } => lease.discard(server),
+        _ => {
             if let End::ClientGone(Some(e)) = &end {
                 tracing::debug!(%peer, error = %e, "client connection failed");
             }
@@ -205,9 +174,9 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     );
 }
 
-/// Tells a transaction-pooled client why its session ends (its server connection was already
-/// given back or closed).
-async fn close_session(client: &mut ClientConn, end: &End, shared: &Shared) {
+/// Tells the client why its session ends, when pgmemo (not the server) has something to say:
+/// the server vanished without a FATAL of its own, shutdown, or a protocol violation.
+async fn tell_why_session_ends(client: &mut ClientConn, end: &End, shared: &Shared) {
     match end {
         End::ServerGone {
             fatal_forwarded: false,

@@ -81,12 +81,12 @@ pub fn answer(
         match statement {
             Some(statement) => {
                 state.statements.insert(name, statement);
-                out.extend_from_slice(b"1\0\0\0\x04");
+                out.extend_from_slice(&super::requests::parse_complete());
             }
             None => {
                 state.statements.remove(&name);
                 state.effects.remove(&name);
-                out.extend_from_slice(b"3\0\0\0\x04");
+                out.extend_from_slice(&super::requests::close_complete());
             }
         }
     }

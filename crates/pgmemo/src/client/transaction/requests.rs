@@ -527,10 +527,12 @@ fn encode_parse(name: &str, sql: &str, types: &[u32]) -> Bytes {
     out.freeze()
 }
 
-fn parse_complete() -> Bytes {
+/// ParseComplete, for a Parse pgmemo answers itself.
+pub(super) fn parse_complete() -> Bytes {
     Bytes::from_static(b"1\0\0\0\x04")
 }
 
-fn close_complete() -> Bytes {
+/// CloseComplete, for a Close pgmemo answers itself.
+pub(super) fn close_complete() -> Bytes {
     Bytes::from_static(b"3\0\0\0\x04")
 }

@@ -11,10 +11,8 @@ use wire::{FrameHeader, WireError};
 
 use super::commands::{Effect, Outcome};
 use super::link::{Expect, Link};
+use crate::client::relay::MAX_SERVER_FRAME;
 use crate::pool::settings::commit;
-
-/// Largest server message pgmemo frames whole (it must see each message's end).
-pub const MAX_SERVER_FRAME: usize = 1 << 30;
 
 /// What one pass over the server's bytes produced.
 pub struct Processed {
