@@ -42,6 +42,15 @@ impl Drop for FlightGuard {
 }
 
 impl Flights {
+    /// The flight filling `key` now, if one is: to wait for it without starting one.
+    pub fn running(&self, key: &[u8]) -> Option<watch::Receiver<()>> {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
     /// Joins the flight for `key`, or starts it.
     pub fn join(self: &Arc<Self>, key: &[u8]) -> Flight {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());

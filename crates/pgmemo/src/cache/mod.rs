@@ -11,12 +11,14 @@
 //! - `store`: the byte-bounded map of results.
 //! - `stats`: counters for the admin console and metrics.
 
+pub mod capture;
 pub mod catalog;
 pub mod context;
 pub mod feed;
 pub mod flight;
 pub mod generation;
 pub mod plan;
+pub mod planner;
 pub mod stats;
 pub mod store;
 

@@ -3,6 +3,7 @@
 //! (other applications, triggers, functions, cron jobs, other pgmemo instances) reaches the cache
 //! here, through PostgreSQL's logical replication stream.
 //!
+//! - `proxy`: applies the committed effects of writes pgmemo relayed (both pool modes).
 //! - `mode`: decides at start whether a feed runs (`invalidation = auto | replication | proxy |
 //!   ttl`), probing the upstream for `auto`.
 //! - `upstream`: opens the replication connection and prepares it (publication, temporary slot).
@@ -19,6 +20,7 @@
 mod consumer;
 mod ddl;
 mod mode;
+pub mod proxy;
 mod replication;
 mod status;
 mod upstream;

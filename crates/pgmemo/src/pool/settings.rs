@@ -33,6 +33,9 @@ pub struct TrackedChange {
 pub struct ClientSettings {
     startup: BTreeMap<String, String>,
     overrides: BTreeMap<String, String>,
+    /// Bumped by every committed change, so that what depends on the settings (the cache's
+    /// session context) knows when to read them again.
+    version: u64,
 }
 
 impl ClientSettings {
@@ -48,7 +51,13 @@ impl ClientSettings {
                 })
                 .collect(),
             overrides: BTreeMap::new(),
+            version: 0,
         }
+    }
+
+    /// Changes whenever the settings do.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The value (as SQL) the client's session has for `name`, if it set one.
@@ -57,6 +66,7 @@ impl ClientSettings {
     }
 
     fn apply(&mut self, change: &SettingChange) {
+        self.version += 1;
         match change {
             SettingChange::Set(name, value) => {
                 self.overrides.insert(name.clone(), value.clone());

@@ -58,15 +58,6 @@ impl Pgmemo {
             None => None,
         };
         tracing::info!(%local_addr, upstream = %shared.config().upstream.redacted(), "pgmemo listening");
-        {
-            let config = shared.config();
-            if config.pool_mode == crate::config::PoolMode::Transaction && config.cache.is_on() {
-                tracing::warn!(
-                    "pool_mode = transaction: the result cache does not run in transaction \
-                     pooling yet; every query goes to the server"
-                );
-            }
-        }
         let accept_task = tokio::spawn(accept_loop(listener, shared.clone()));
         let metrics = metrics_listener.map(|(listener, addr)| {
             tracing::info!(%addr, "metrics at http://{addr}/metrics");

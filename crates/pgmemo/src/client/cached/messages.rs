@@ -10,7 +10,7 @@ const MAX_BATCH: usize = 1 << 20;
 
 /// `SET [SESSION] pgmemo.cache {=|TO} {on|off|default}` (and `RESET pgmemo.cache`): the
 /// session's own cache switch, answered by pgmemo.
-pub(super) fn session_switch(text: &[u8]) -> Option<bool> {
+pub(crate) fn session_switch(text: &[u8]) -> Option<bool> {
     let text = std::str::from_utf8(text)
         .ok()?
         .trim()
@@ -35,7 +35,7 @@ pub(super) fn session_switch(text: &[u8]) -> Option<bool> {
     }
 }
 
-pub(super) enum Batch {
+pub(crate) enum Batch {
     /// The batch up to and including its Sync is this many bytes.
     Complete(usize),
     /// More bytes are needed to see the whole batch.
@@ -44,7 +44,7 @@ pub(super) enum Batch {
     Other,
 }
 
-pub(super) fn scan_batch(buf: &[u8], max: usize) -> Batch {
+pub(crate) fn scan_batch(buf: &[u8], max: usize) -> Batch {
     let mut pos = 0;
     loop {
         let Ok(Some(h)) = FrameHeader::peek(&buf[pos..], max) else {
@@ -71,7 +71,7 @@ pub(super) fn scan_batch(buf: &[u8], max: usize) -> Batch {
     }
 }
 
-pub(super) fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+pub(crate) fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
     let mut v = Vec::new();
     let mut pos = 0;
     while let Ok(Some(h)) = FrameHeader::peek(&bytes[pos..], usize::MAX) {
@@ -85,13 +85,13 @@ pub(super) fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
 }
 
 /// The one batch form whose result pgmemo caches.
-pub(super) struct BatchShape {
-    pub(super) parse: bool,
-    pub(super) describe: bool,
+pub(crate) struct BatchShape {
+    pub(crate) parse: bool,
+    pub(crate) describe: bool,
 }
 
 /// `[Parse] Bind("" portal) [Describe(portal "")] Execute("", 0 rows) Sync`.
-pub(super) fn cacheable_shape(
+pub(crate) fn cacheable_shape(
     bytes: &[u8],
     frames: &[std::ops::Range<usize>],
 ) -> Option<BatchShape> {
@@ -126,18 +126,18 @@ pub(super) fn cacheable_shape(
     Some(BatchShape { parse, describe })
 }
 
-pub(super) fn cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
     let nul = b.iter().position(|&c| c == 0)?;
     Some((&b[..nul], &b[nul + 1..]))
 }
 
-pub(super) struct ParseMessage<'a> {
-    pub(super) name: &'a [u8],
-    pub(super) text: &'a [u8],
-    pub(super) param_types: &'a [u8],
+pub(crate) struct ParseMessage<'a> {
+    pub(crate) name: &'a [u8],
+    pub(crate) text: &'a [u8],
+    pub(crate) param_types: &'a [u8],
 }
 
-pub(super) fn parse_message(body: &[u8]) -> Option<ParseMessage<'_>> {
+pub(crate) fn parse_message(body: &[u8]) -> Option<ParseMessage<'_>> {
     let (name, rest) = cstr(body)?;
     let (text, param_types) = cstr(rest)?;
     Some(ParseMessage {
@@ -147,14 +147,14 @@ pub(super) fn parse_message(body: &[u8]) -> Option<ParseMessage<'_>> {
     })
 }
 
-pub(super) struct BindMessage<'a> {
-    pub(super) portal: &'a [u8],
-    pub(super) statement: &'a [u8],
+pub(crate) struct BindMessage<'a> {
+    pub(crate) portal: &'a [u8],
+    pub(crate) statement: &'a [u8],
     /// Parameter formats and values and result formats: the part of the key a Bind adds.
-    pub(super) tail: &'a [u8],
+    pub(crate) tail: &'a [u8],
 }
 
-pub(super) fn bind_message(body: &[u8]) -> Option<BindMessage<'_>> {
+pub(crate) fn bind_message(body: &[u8]) -> Option<BindMessage<'_>> {
     let (portal, rest) = cstr(body)?;
     let (statement, tail) = cstr(rest)?;
     Some(BindMessage {
@@ -166,7 +166,7 @@ pub(super) fn bind_message(body: &[u8]) -> Option<BindMessage<'_>> {
 
 /// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
 /// date or time parameter reads as the clock.
-pub(super) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
+pub(crate) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
     let t = b.tail;
     let read_i16 =
         |at: usize| -> Option<i16> { Some(i16::from_be_bytes([*t.get(at)?, *t.get(at + 1)?])) };

@@ -9,7 +9,7 @@
 //! Responses come back in request order, so directives are matched to responses by sequence
 //! number: the n-th ReadyForQuery ends the n-th request.
 
-mod messages;
+pub(crate) mod messages;
 mod planning;
 mod requests;
 mod responses;
@@ -18,7 +18,6 @@ mod session;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -26,10 +25,9 @@ pub use session::CacheSession;
 
 use super::relay::{End, RelayState};
 use super::ClientConn;
+pub(crate) use crate::cache::capture::Capture;
 use crate::cache::catalog::Row;
-use crate::cache::generation::Snapshot;
 use crate::cache::plan::Effects;
-use crate::cache::stats::QueryStats;
 use crate::net::MaybeTls;
 use crate::pool::{ReleaseState, ServerConn};
 use crate::shared::Shared;
@@ -45,18 +43,6 @@ pub(crate) enum Action {
     /// No response comes from the server: a pipelined request answered from the cache. The
     /// server pump writes these bytes, then ReadyForQuery, when the responses before it are out.
     Hit(Vec<u8>),
-}
-
-/// A miss whose result is to be stored.
-pub(crate) struct Capture {
-    pub key: Box<[u8]>,
-    pub snapshot: Snapshot,
-    pub ttl: Option<std::time::Duration>,
-    pub query: Arc<QueryStats>,
-    pub started: Instant,
-    pub max_bytes: usize,
-    /// Ends the single flight of `key` once the capture is stored or dropped.
-    pub flight: Option<crate::cache::flight::FlightGuard>,
 }
 
 /// One request's instructions for the server pump.

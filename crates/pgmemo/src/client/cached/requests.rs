@@ -510,23 +510,13 @@ impl Requests<'_> {
         if let Some(t) = tail {
             self.session.key.extend_from_slice(t);
         }
-        let config = self.shared.config();
-        let global = Some(config.cache_ttl.0).filter(|t| !t.is_zero());
-        let table = config.table_ttl(read.tables.iter().map(|(_, name)| name.as_str()));
-        // The hint wins; otherwise the shortest of the table and global TTLs.
-        let ttl = read.ttl.or(match (table, global) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        });
-        Some(Box::new(Capture {
-            key: self.session.key.clone().into_boxed_slice(),
-            snapshot: self.session.db.generations.snapshot_of(&read.generations),
-            ttl,
-            query: Arc::clone(&plan.query),
-            started: Instant::now(),
-            max_bytes: config.max_entry_size.0,
-            flight: None,
-        }))
+        Some(Capture::for_read(
+            &self.session.key,
+            read,
+            &plan.query,
+            &self.session.db,
+            &self.shared.config(),
+        ))
     }
 
     /// Leads the fill of the capture's key, or waits for the session already filling it and

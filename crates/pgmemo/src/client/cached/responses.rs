@@ -6,67 +6,19 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use wire::backend::TransactionStatus;
 use wire::{ErrorResponse, FrameHeader};
 
-use super::{Action, Capture, Directive, Link};
+use super::{Action, Directive, Link};
+use crate::cache::capture::Filling;
 use crate::cache::catalog::Row;
 use crate::cache::plan::Effects;
-use crate::cache::store::Entry;
 use crate::cache::DatabaseCache;
 use crate::client::relay::{refill_position, PumpError, RelayState, MAX_SERVER_FRAME};
 use crate::shared::Shared;
-
-/// A response being captured.
-struct Filling {
-    capture: Box<Capture>,
-    description: Option<Bytes>,
-    rows: Vec<u8>,
-    completes: usize,
-    ok: bool,
-}
-
-impl Filling {
-    fn add(&mut self, tag: u8, frame: &[u8]) {
-        if !self.ok {
-            return;
-        }
-        match tag {
-            b'T' if self.description.is_none() => {
-                self.description = Some(Bytes::copy_from_slice(frame));
-            }
-            b'D' => self.rows.extend_from_slice(frame),
-            b'C' => {
-                self.completes += 1;
-                self.rows.extend_from_slice(frame);
-            }
-            // ParseComplete, BindComplete, NoData: the hit path writes its own.
-            b'1' | b'2' | b'n' => {}
-            // Errors, notices, notifications, parameter changes, copy, empty query: the
-            // response is not what a later identical request would get.
-            _ => self.abort(),
-        }
-        if self.rows.len() + self.description.as_ref().map_or(0, Bytes::len)
-            > self.capture.max_bytes
-        {
-            self.abort();
-        }
-    }
-
-    fn abort(&mut self) {
-        self.ok = false;
-        self.rows = Vec::new();
-    }
-
-    /// Whether an incoming frame of `len` bytes still fits.
-    fn fits(&self, len: usize) -> bool {
-        self.ok && self.rows.len() + len <= self.capture.max_bytes
-    }
-}
 
 /// What the pump tracks about the response in flight.
 #[derive(Default)]
@@ -136,7 +88,7 @@ where
                         f.abort();
                     }
                 }
-                let capturing = flight.filling.as_ref().is_some_and(|f| f.ok);
+                let capturing = flight.filling.as_ref().is_some_and(Filling::is_ok);
                 let swallow = tag == b'1'
                     && !flight.swallowed
                     && flight
@@ -271,13 +223,7 @@ fn start_filling(flight: &mut InFlight, d: Directive) {
         swallow_parse_complete,
     } = d;
     if let Action::Capture(capture) = action {
-        flight.filling = Some(Filling {
-            capture,
-            description: None,
-            rows: Vec::new(),
-            completes: 0,
-            ok: true,
-        });
+        flight.filling = Some(Filling::new(capture));
     }
     flight.directive = Some(Directive {
         seq,
@@ -348,46 +294,7 @@ fn finish(
 ) {
     let cache = &shared.cache;
     if let Some(f) = flight.filling.take() {
-        let micros = f.capture.started.elapsed().as_micros() as u64;
-        f.capture.query.timed(micros);
-        shared.upstream_time.observe(micros);
-        if f.ok && !flight.error && f.completes == 1 {
-            if f.capture.snapshot.is_fresh() {
-                let Filling {
-                    capture,
-                    description,
-                    rows,
-                    ..
-                } = f;
-                let Capture {
-                    key,
-                    snapshot,
-                    ttl,
-                    query,
-                    flight,
-                    ..
-                } = *capture;
-                for t in snapshot.tables() {
-                    t.fills.fetch_add(1, Ordering::Relaxed);
-                }
-                let entry = Entry {
-                    description,
-                    rows: Bytes::from(rows),
-                    snapshot,
-                    expires: ttl.map(|d| Instant::now() + d),
-                    query,
-                    miss_micros: micros,
-                };
-                cache.store.insert(key, Arc::new(entry));
-                cache.stats.stores.fetch_add(1, Ordering::Relaxed);
-                // Waiting sessions look again only now that the entry is there.
-                drop(flight);
-            } else {
-                cache.stats.stale_fills.fetch_add(1, Ordering::Relaxed);
-            }
-        } else if !f.ok {
-            cache.stats.refused(crate::cache::plan::Refusal::NotStored);
-        }
+        f.finish(flight.error, cache, &shared.upstream_time);
     }
     let Some(d) = flight.directive.take() else {
         if status == TransactionStatus::Idle {
@@ -423,37 +330,7 @@ fn end_transaction(txn: &mut Effects, link: &Link, shared: &Shared, db: &Databas
     let e = std::mem::take(txn);
     link.txn_wrote.store(false, Ordering::Relaxed);
     link.txn_snapshot.store(false, Ordering::Relaxed);
-    if apply_commit(&e, shared, db) {
+    if crate::invalidate::proxy::apply_commit(&e, shared, db) {
         link.await_feed.store(true, Ordering::Relaxed);
     }
-}
-
-/// Applies committed effects to the cache. Returns true when writes pgmemo cannot attribute
-/// were left to the live replication feed: the writing session must then bypass the cache until
-/// the feed has applied its commit (read-your-writes).
-pub(crate) fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) -> bool {
-    tracing::debug!(effects = ?e, "applying committed effects");
-    let stats = &shared.cache.stats;
-    let mut left_to_feed = false;
-    if e.ddl {
-        db.forget_plans();
-    }
-    if e.database_wide {
-        // DDL is not in the stream (only its effects on rows are); everything else a statement
-        // wrote somewhere pgmemo cannot name (DO, CALL, volatile functions, triggers) arrives
-        // on a live feed, so the other sessions' entries need not all go.
-        if db.feed.state() == crate::cache::feed::FeedState::Live && !e.ddl {
-            left_to_feed = true;
-        } else {
-            db.generations.invalidate_database();
-            stats.database_invalidations.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    if !e.writes.is_empty() {
-        db.generations.invalidate_tables(&e.writes);
-        stats
-            .invalidations
-            .fetch_add(e.writes.len() as u64, Ordering::Relaxed);
-    }
-    left_to_feed
 }

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use wire::backend::TransactionStatus;
 
+use super::cache::TxnCache;
 use super::commands::{Effect, Outcome};
+use crate::cache::plan::Effects;
 use crate::pool::settings::{ClientSettings, TrackedChange};
 use crate::pool::{PreparedStatement, ServerSession};
 
@@ -81,6 +83,9 @@ pub struct Entry {
     pub raised: bool,
     /// A Describe of a statement whose ParameterDescription went out already.
     pub described: bool,
+    /// With the cache on: what the statement(s) of a Query or Execute write, counted once
+    /// their answer arrives.
+    pub effects: Option<Box<Effects>>,
 }
 
 impl Entry {
@@ -97,6 +102,7 @@ impl Entry {
             frame: 0,
             raised: false,
             described: false,
+            effects: None,
         }
     }
 
@@ -130,6 +136,8 @@ pub struct TxnTrack {
 /// The shared state of one attachment.
 pub struct Link<'a> {
     pub client: &'a mut ClientState,
+    /// The client's cache state, when the cache is on for its database.
+    pub cache: Option<&'a mut TxnCache>,
     pub server: &'a mut ServerSession,
     pub queue: VecDeque<Entry>,
     /// Portals whose statement changes session state.

@@ -7,6 +7,7 @@
 //! While attached, two pumps run in the session's task as in session pooling: `requests`
 //! translates client messages, `responses` matches answers against the queue in `link`.
 
+mod cache;
 mod commands;
 mod link;
 mod local;
@@ -35,6 +36,7 @@ use crate::pool::{Lease, Pool, PoolSettings, ReleaseState, ServerConn, Statement
 use crate::shared::Shared;
 use crate::stats::Stats;
 
+use cache::{Detached, TxnCache};
 pub use link::ClientState;
 use link::{Link, TxnTrack};
 
@@ -128,6 +130,15 @@ pub async fn run(
     let mut checkout = Checkout::new(shared, route);
     checkout.top_up(shared, route);
     let mut buffers = Buffers::default();
+    let mut cache = shared
+        .config()
+        .cache_on_for(&route.client_database)
+        .then(|| {
+            let db = shared
+                .cache
+                .database(&route.key.host, route.key.port, &route.key.database);
+            TxnCache::new(Arc::clone(shared), db)
+        });
     loop {
         match wait_for_request(client, max_message, &mut stopped).await {
             Ok(()) => {}
@@ -156,6 +167,27 @@ pub async fn run(
             }
             continue;
         }
+        let mut request = None;
+        if let Some(cache) = cache.as_mut() {
+            match cache.detached(&mut client.buf, state, max_message) {
+                Detached::Answered(bytes) => {
+                    if let Err(end) = answer(client, cache, bytes).await {
+                        return end;
+                    }
+                    continue;
+                }
+                Detached::Attach(Some(r)) => {
+                    if let Some(bytes) = cache.await_flight(&mut client.buf, &r, state).await {
+                        if let Err(end) = answer(client, cache, bytes).await {
+                            return end;
+                        }
+                        continue;
+                    }
+                    request = Some(r);
+                }
+                Detached::Attach(None) => {}
+            }
+        }
         checkout.refresh(shared, route);
         let (lease, mut server) = match checkout.attach(shared, route).await {
             Ok(v) => v,
@@ -167,6 +199,19 @@ pub async fn run(
             }
         };
         tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), "attach");
+        if let Some(cache) = cache.as_mut() {
+            if let Some(bytes) = cache
+                .attached(request, &mut server, state, &mut client.buf)
+                .await
+            {
+                // A hit once the context was read: the server goes back unused.
+                lease.return_idle(server, true);
+                if let Err(end) = answer(client, cache, bytes).await {
+                    return end;
+                }
+                continue;
+            }
+        }
         cancel.set(server.cancel_target());
         let idle_timeout = checkout.config.idle_transaction_timeout.0;
         let max_prepared = checkout.config.max_prepared_statements;
@@ -186,6 +231,7 @@ pub async fn run(
             },
             &mut buffers,
             &mut terminated,
+            cache.as_mut(),
         )
         .await;
         cancel.set(None);
@@ -206,11 +252,24 @@ pub async fn run(
                 checkout.top_up(shared, route);
             }
             Attached::Ended(end) => {
+                if let Some(cache) = cache.as_mut() {
+                    cache.abandoned();
+                }
                 finish(lease, server, &end, at_boundary, state.status, shared);
                 return end;
             }
         }
     }
+}
+
+/// Sends a detached client the cache's answer.
+async fn answer(client: &mut ClientConn, cache: &mut TxnCache, bytes: Vec<u8>) -> Result<(), End> {
+    let sent = client.send(&bytes).await;
+    cache.recycle(bytes);
+    sent.map_err(|e| match e {
+        ClientError::Io(e) => End::ClientGone(Some(e)),
+        _ => End::ClientGone(None),
+    })
 }
 
 /// Gives the server back (or closes it) when the session ends while attached.
@@ -373,6 +432,7 @@ struct AttachOptions {
 
 /// Relays one transaction. Returns how it ended and whether the server was at a clean
 /// protocol boundary.
+#[allow(clippy::too_many_arguments)]
 async fn serve_attached(
     client: &mut ClientConn,
     server: &mut ServerConn,
@@ -381,6 +441,7 @@ async fn serve_attached(
     opts: AttachOptions,
     buffers: &mut Buffers,
     terminated: &mut (impl Future<Output = ()> + Unpin),
+    cache: Option<&mut TxnCache>,
 ) -> (Attached, bool) {
     let ServerConn {
         stream,
@@ -391,6 +452,7 @@ async fn serve_attached(
     } = server;
     let link = Mutex::new(Link {
         client: state,
+        cache,
         server: session,
         queue: std::mem::take(&mut buffers.queue),
         portals: HashMap::new(),

@@ -15,6 +15,7 @@ use super::commands::{
     duplicate, ensure_on, missing, raise_sql, Outcome, Plan, Planner, Protocol, ServerPrep,
 };
 use super::link::{Entry, Expect, Link, Revert, Unnamed};
+use crate::cache::plan::Effects;
 use crate::pool::settings::sync_sql;
 use crate::pool::{
     ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
@@ -98,6 +99,9 @@ pub fn translate(
                     entry.outcomes.push(Outcome::clone(outcome));
                 }
             }
+            if let Some(cache) = link.cache.as_deref() {
+                entry.effects = Some(Box::new(cache.portal_effects(&execute.portal)));
+            }
             out.extend_from_slice(frame.raw());
             link.queue.push_back(entry);
             Ok(false)
@@ -125,7 +129,11 @@ pub fn translate(
         frontend::tag::FUNCTION_CALL => {
             sync_settings(link, out);
             out.extend_from_slice(frame.raw());
-            link.queue.push_back(Entry::forward(Expect::Query));
+            let mut entry = Entry::forward(Expect::Query);
+            if link.cache.is_some() {
+                entry.effects = Some(Box::new(writes_anything()));
+            }
+            link.queue.push_back(entry);
             Ok(false)
         }
         frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => {
@@ -221,8 +229,23 @@ fn query(
             entry.outcomes = outcomes;
         }
     }
+    if let Some(cache) = link.cache.as_deref() {
+        let effects = match sql {
+            Some(sql) => cache.effects_of(sql, link.client, !link.txn.pending.is_empty()),
+            None => writes_anything(),
+        };
+        entry.effects = Some(Box::new(effects));
+    }
     link.queue.push_back(entry);
     Ok(())
+}
+
+/// The effects of a statement pgmemo cannot read.
+fn writes_anything() -> Effects {
+    Effects {
+        database_wide: true,
+        ..Effects::default()
+    }
 }
 
 fn parse(
@@ -367,6 +390,9 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         }
         None => {}
     }
+    if link.cache.is_some() {
+        bound(portal, name, link);
+    }
     let mut entry = Entry::forward(Expect::Bind);
     if !name.is_empty() {
         entry.uses = link.client.statements.get(name).cloned();
@@ -374,6 +400,33 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     }
     link.queue.push_back(entry);
     Ok(())
+}
+
+/// With the cache on: notes what executing `portal` (bound to the client's statement `name`)
+/// will write.
+fn bound(portal: &[u8], name: &str, link: &mut Link<'_>) {
+    let settings_pending = !link.txn.pending.is_empty();
+    let Some(cache) = link.cache.as_deref_mut() else {
+        return;
+    };
+    let client = &*link.client;
+    let effects = if name.is_empty() {
+        client
+            .unnamed
+            .as_ref()
+            .and_then(|u| Parse::decode(u.parse.slice(5..)).ok())
+            .and_then(|p| {
+                std::str::from_utf8(&p.query)
+                    .ok()
+                    .map(|sql| cache.effects_of(sql, client, settings_pending))
+            })
+    } else {
+        client
+            .statements
+            .get(name)
+            .map(|s| cache.effects_of(&s.key.text, client, settings_pending))
+    };
+    cache.bound(portal, effects.unwrap_or_else(writes_anything));
 }
 
 /// Gets the statement a Bind or Describe names ready on the server. `None`: the name is

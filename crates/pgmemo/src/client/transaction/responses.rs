@@ -59,6 +59,17 @@ pub fn process(
         }
         let frame = &buf[at..at + header.frame_len];
         let (action, ready) = on_message(header.tag, frame, link, params);
+        if let Some(cache) = link.cache.as_deref_mut() {
+            match &action {
+                Action::Forward => {
+                    let status = ready.then_some(link.client.status);
+                    cache.observe(header.tag, frame, status);
+                }
+                // Not what the server said: never stored.
+                Action::Replace(_) => cache.observe(b'?', frame, None),
+                Action::Swallow => {}
+            }
+        }
         match action {
             Action::Forward if verbatim => {}
             Action::Forward => out.extend_from_slice(frame),
@@ -123,6 +134,12 @@ fn on_message(
     link: &mut Link<'_>,
     params: &mut Vec<(String, String)>,
 ) -> (Action, bool) {
+    if let Some(cache) = link.cache.as_deref_mut() {
+        // The statement(s) this answers ran, or began to: their writes count from now on.
+        if let Some(effects) = link.queue.front_mut().and_then(|e| e.effects.take()) {
+            cache.answered(&effects);
+        }
+    }
     let forwarding = |link: &Link<'_>| {
         if link.queue.front().is_none_or(|e| e.forward) {
             Action::Forward
@@ -176,6 +193,9 @@ fn on_message(
             };
             link.client.status = status;
             on_ready(link, status);
+            if let Some(cache) = link.cache.as_deref_mut() {
+                cache.ready(status);
+            }
             (action, true)
         }
         _ => (on_answer(tag, frame, link), false),
@@ -272,8 +292,16 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
                 &mut link.server.settings,
             );
             link.txn.failed = false;
+            if let Some(cache) = link.cache.as_deref_mut() {
+                cache.committed();
+            }
         }
-        b"ROLLBACK" => link.txn.rolled_back = true,
+        b"ROLLBACK" => {
+            link.txn.rolled_back = true;
+            if let Some(cache) = link.cache.as_deref_mut() {
+                cache.rollback_completed();
+            }
+        }
         _ => {}
     }
     let outcome = outcome?;

@@ -1,0 +1,210 @@
+//! Planning a statement text: from the database's memo (by shape and session context) or by
+//! parsing it and resolving its names with catalog queries on an upstream connection. Both
+//! pool modes plan the same way; they differ only in how a catalog query reaches the server
+//! ([`Catalog`]): session pooling puts it on the session's own connection between the
+//! client's requests, transaction pooling on the server it attached before the request.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::catalog::{self, Facts, Row};
+use super::plan::{self, Plan};
+use super::{Cache, DatabaseCache};
+use crate::config::Config;
+
+/// Where catalog queries run.
+pub trait Catalog {
+    /// How running a query can fail (the connection, not the query: a failed query is
+    /// `Ok(None)`).
+    type Error;
+
+    /// Runs one of pgmemo's catalog queries and returns its rows as text, `None` when the
+    /// server answered with an error.
+    fn ask(&mut self, sql: &str) -> impl Future<Output = Result<Option<Vec<Row>>, Self::Error>>;
+}
+
+/// A [`Catalog`] that is never asked: plans made with it are incomplete unless the statement
+/// needs no catalog facts (and so are conservative about what they write).
+pub struct NoCatalog;
+
+impl Catalog for NoCatalog {
+    type Error = std::convert::Infallible;
+
+    async fn ask(&mut self, _sql: &str) -> Result<Option<Vec<Row>>, Self::Error> {
+        Ok(None)
+    }
+}
+
+/// What planning needs to know about the session and the process.
+pub struct Planning<'a> {
+    pub db: &'a DatabaseCache,
+    pub cache: &'a Cache,
+    pub config: &'a Config,
+    /// The session context's id while it is known to be current; plans are memoized and
+    /// reused only then (names resolve by search_path).
+    pub context_id: Option<u64>,
+    pub standard_conforming_strings: bool,
+}
+
+/// The plan of a statement text, and whether the text holds a time literal. The catalog is
+/// asked only when the memo does not know the shape and the statement names relations or
+/// functions; `None` plans without it.
+pub async fn plan<C: Catalog>(
+    p: &Planning<'_>,
+    text: &str,
+    catalog: Option<&mut C>,
+) -> Result<(Arc<Plan>, bool), C::Error> {
+    let shape = sql::shape(text, p.standard_conforming_strings);
+    let memo_key = format!(
+        "{}\0{}\0{}",
+        p.context_id.unwrap_or(0),
+        shape.hints.join(""),
+        shape.text
+    );
+    if p.context_id.is_some() {
+        if let Some(plan) = p.db.plan(&memo_key) {
+            return Ok((plan, shape.time_literal));
+        }
+    }
+    let query = p.cache.queries.get(shape.text.trim());
+    let options = sql::ParseOptions {
+        standard_conforming_strings: p.standard_conforming_strings,
+    };
+    let analysis = match sql::analyze_with(text, options) {
+        Ok(a) => a,
+        Err(_) => {
+            let plan = Arc::new(plan::unparsable(query));
+            if p.context_id.is_some() {
+                p.db.remember(memo_key, Arc::clone(&plan));
+            }
+            return Ok((plan, shape.time_literal));
+        }
+    };
+    let (rels, fns) = plan::names_to_look_up(&analysis.statements);
+    let mut facts: Option<Facts> = None;
+    let mut view_volatility = None;
+    if let Some(catalog) = catalog.filter(|_| plan::needs_catalog(&analysis.statements)) {
+        facts = look_up(p, catalog, &rels, &fns).await?;
+        if let Some(f) = &facts {
+            view_volatility = view_function_volatility(p, catalog, f).await?;
+        }
+    }
+    let hints = plan::hints(&shape.hints);
+    let excluded = |schema: &str, table: &str| p.config.table_excluded(schema, table);
+    let inputs = plan::Inputs {
+        facts: facts.as_ref(),
+        relation_names: &rels,
+        function_names: &fns,
+        view_function_volatility: view_volatility,
+        hints: &hints,
+        excluded: &excluded,
+    };
+    let mut decided = plan::decide(&analysis.statements, &inputs, query);
+    if let Ok(read) = decided.read.as_mut() {
+        p.db.generations.attach(read);
+    }
+    let decided = Arc::new(decided);
+    if decided.complete && p.context_id.is_some() {
+        p.db.remember(memo_key, Arc::clone(&decided));
+    }
+    Ok((decided, shape.time_literal))
+}
+
+/// The plan of a statement from the memo, or made without the catalog.
+pub fn plan_without_catalog(p: &Planning<'_>, text: &str) -> (Arc<Plan>, bool) {
+    let planned = plan(p, text, None::<&mut NoCatalog>);
+    // NoCatalog is never awaited on: the future completes on its first poll.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut planned = std::pin::pin!(planned);
+    match planned.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(done)) => done,
+        std::task::Poll::Ready(Err(never)) => match never {},
+        std::task::Poll::Pending => unreachable!("planning without a catalog never waits"),
+    }
+}
+
+async fn look_up<C: Catalog>(
+    p: &Planning<'_>,
+    catalog: &mut C,
+    rels: &[(Option<String>, String)],
+    fns: &[(Option<String>, String)],
+) -> Result<Option<Facts>, C::Error> {
+    let r: Vec<catalog::Name<'_>> = rels
+        .iter()
+        .map(|(s, n)| (s.as_deref(), n.as_str()))
+        .collect();
+    let f: Vec<catalog::Name<'_>> = fns
+        .iter()
+        .map(|(s, n)| (s.as_deref(), n.as_str()))
+        .collect();
+    let Ok(sql) = catalog::lookup_query(&r, &f) else {
+        return Ok(None);
+    };
+    p.cache
+        .stats
+        .catalog_lookups
+        .fetch_add(1, Ordering::Relaxed);
+    let rows = catalog.ask(&sql).await?;
+    Ok(rows.and_then(|rows| catalog::parse_facts(&rows).ok()))
+}
+
+/// The worst volatility of the functions the views among `facts` call: `b'?'` when one
+/// cannot be resolved, `None` when no view is involved.
+async fn view_function_volatility<C: Catalog>(
+    p: &Planning<'_>,
+    catalog: &mut C,
+    facts: &Facts,
+) -> Result<Option<u8>, C::Error> {
+    let mut fns: Vec<(Option<String>, String)> = Vec::new();
+    let mut any_view = false;
+    for def in facts
+        .relations
+        .iter()
+        .filter_map(|r| r.view_definition.as_deref())
+    {
+        any_view = true;
+        match sql::analyze(def) {
+            Ok(a) => {
+                if a.statements
+                    .iter()
+                    .any(|s| s.sql_value_functions.iter().any(|f| f.is_time()))
+                {
+                    return Ok(Some(b'v'));
+                }
+                let (_, f) = plan::names_to_look_up(&a.statements);
+                fns.extend(f);
+            }
+            Err(_) => return Ok(Some(b'?')),
+        }
+    }
+    if !any_view {
+        return Ok(None);
+    }
+    if fns.is_empty() {
+        return Ok(Some(b'i'));
+    }
+    fns.sort();
+    fns.dedup();
+    let Some(f) = look_up(p, catalog, &[], &fns).await? else {
+        return Ok(Some(b'?'));
+    };
+    let mut worst = b'i';
+    for i in 0..fns.len() {
+        let found: Vec<u8> = f
+            .functions
+            .iter()
+            .filter(|p| p.name_index == i)
+            .map(|p| p.volatility)
+            .collect();
+        if found.is_empty() {
+            return Ok(Some(b'?'));
+        }
+        for v in found {
+            if v == b'v' || (v == b's' && worst == b'i') {
+                worst = v;
+            }
+        }
+    }
+    Ok(Some(worst))
+}

@@ -1,0 +1,39 @@
+//! Invalidation by writes that pass through pgmemo: both pool modes apply a transaction's
+//! effects here when its COMMIT (or the end of an autocommit statement) arrives, before the
+//! client can see it.
+
+use std::sync::atomic::Ordering;
+
+use crate::cache::plan::Effects;
+use crate::cache::DatabaseCache;
+use crate::shared::Shared;
+
+/// Applies committed effects to the cache. Returns true when writes pgmemo cannot attribute
+/// were left to the live replication feed: the writing session must then bypass the cache until
+/// the feed has applied its commit (read-your-writes).
+pub fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) -> bool {
+    tracing::debug!(effects = ?e, "applying committed effects");
+    let stats = &shared.cache.stats;
+    let mut left_to_feed = false;
+    if e.ddl {
+        db.forget_plans();
+    }
+    if e.database_wide {
+        // DDL is not in the stream (only its effects on rows are); everything else a statement
+        // wrote somewhere pgmemo cannot name (DO, CALL, volatile functions, triggers) arrives
+        // on a live feed, so the other sessions' entries need not all go.
+        if db.feed.state() == crate::cache::feed::FeedState::Live && !e.ddl {
+            left_to_feed = true;
+        } else {
+            db.generations.invalidate_database();
+            stats.database_invalidations.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    if !e.writes.is_empty() {
+        db.generations.invalidate_tables(&e.writes);
+        stats
+            .invalidations
+            .fetch_add(e.writes.len() as u64, Ordering::Relaxed);
+    }
+    left_to_feed
+}

@@ -1,0 +1,438 @@
+//! The result cache under `pool_mode = transaction`, against a real PostgreSQL: hits are
+//! answered without taking a server, misses are captured on the server the client attached,
+//! writes relayed in transaction pooling invalidate at COMMIT (never at ROLLBACK), and the
+//! key follows each client's own settings, which pgmemo replays per transaction. As in
+//! `cache.rs`, whether a read came from the cache is seen from outside: after a write made
+//! directly to the server, a cached read still returns the old value.
+
+mod raw;
+
+use std::time::Duration;
+
+use pgmemo::config::{Invalidation, PoolMode, Seconds, Switch};
+use pgmemo::Config;
+use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// Upper bound for one test: a hang fails instead of blocking the suite.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+async fn setup(pool_size: usize) -> (TempPostgres, PgmemoInstance, Client) {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT '2024-01-01 12:00Z');
+         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
+    )
+    .await;
+    let config = Config {
+        pool_mode: PoolMode::Transaction,
+        pool_size,
+        cache: Switch::On,
+        invalidation: Invalidation::Proxy,
+        query_wait_timeout: Seconds(Duration::from_secs(5)),
+        ..pgmemo_config_for(pg.port())
+    };
+    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+    let direct = pg.client("postgres", "postgres").await;
+    (pg, memo, direct)
+}
+
+/// The first column of the first row of a simple query.
+async fn first(client: &Client, sql: &str) -> Option<String> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_owned)),
+            _ => None,
+        })
+        .flatten()
+}
+
+async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
+    let admin = memo.client("postgres", "pgmemo").await;
+    let rows = admin.simple_query("SHOW CACHE").await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get(0) == Some(name) => r.get(1).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("SHOW CACHE has no {name}"))
+        .parse()
+        .unwrap()
+}
+
+async fn within<T>(fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, fut)
+        .await
+        .expect("test finished in time")
+}
+
+#[tokio::test]
+async fn hits_are_answered_without_a_server() {
+    use raw::*;
+    within(async {
+        let (_pg, memo, direct) = setup(1).await;
+        let reader = memo.client("postgres", "postgres").await;
+        let q = "SELECT v FROM t WHERE id = 1";
+        let stmt = reader
+            .prepare("SELECT v FROM t WHERE id = $1")
+            .await
+            .unwrap();
+        let mut raw = Raw::connect(memo.addr()).await;
+        let unnamed = |id: &str| {
+            vec![
+                parse("SELECT v FROM t WHERE id = $1 AND v IS NOT NULL", &[23]),
+                bind(&[id]),
+                describe_portal(),
+                execute(),
+                sync(),
+            ]
+        };
+        // Fill: simple, named prepared, unnamed statement.
+        assert_eq!(first(&reader, q).await.as_deref(), Some("one"));
+        let named: String = reader.query_one(&stmt, &[&2i32]).await.unwrap().get(0);
+        assert_eq!(named, "two");
+        let (tags, values) = raw.round_trip(&unnamed("1")).await;
+        assert_eq!(tags, vec!['1', '2', 'T', 'D', 'C', 'Z']);
+        assert_eq!(values, vec!["one"]);
+        direct
+            .batch_execute("UPDATE t SET v = v || '+'")
+            .await
+            .unwrap();
+
+        // Another client holds the only server connection in an open transaction.
+        let holder = memo.client("postgres", "postgres").await;
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+        // Hits need no server: they are answered (with the values from before the direct
+        // write) although no server is free.
+        assert_eq!(first(&reader, q).await.as_deref(), Some("one"));
+        let named: String = reader.query_one(&stmt, &[&2i32]).await.unwrap().get(0);
+        assert_eq!(named, "two");
+        let (tags, values) = raw.round_trip(&unnamed("1")).await;
+        assert_eq!(
+            tags,
+            vec!['1', '2', 'T', 'D', 'C', 'Z'],
+            "as PostgreSQL answers"
+        );
+        assert_eq!(values, vec!["one"]);
+        // The unnamed statement answered from the cache is the client's own afterwards.
+        let (tags, values) = raw
+            .round_trip(&[bind(&["1"]), describe_portal(), execute(), sync()])
+            .await;
+        assert_eq!(tags, vec!['2', 'T', 'D', 'C', 'Z']);
+        assert_eq!(values, vec!["one"]);
+
+        // A miss waits for a server (and gets the fresh value) once the holder is done.
+        let miss =
+            tokio::spawn(async move { first(&reader, "SELECT v FROM t WHERE id = 2").await });
+        holder.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(miss.await.unwrap().as_deref(), Some("two+"));
+        // (The admin console checks its user on the upstream: asked only now.)
+        assert_eq!(show_cache(&memo, "hits").await, 4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn commit_invalidates_rollback_does_not_and_blocks_bypass() {
+    within(async {
+        let (_pg, memo, direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        let q = "SELECT v FROM t WHERE id = 2";
+        assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+        assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+
+        // Inside a transaction block that wrote, the client reads its own write.
+        c.batch_execute("BEGIN; UPDATE t SET v = 'mine' WHERE id = 2")
+            .await
+            .unwrap();
+        assert_eq!(first(&c, q).await.as_deref(), Some("mine"));
+        c.batch_execute("ROLLBACK").await.unwrap();
+        direct
+            .batch_execute("UPDATE t SET v = 'behind' WHERE id = 2")
+            .await
+            .unwrap();
+        assert_eq!(
+            first(&c, q).await.as_deref(),
+            Some("two"),
+            "a rollback invalidates nothing"
+        );
+
+        // A savepoint rolled back inside a committed transaction: the commit still counts.
+        c.batch_execute(
+            "BEGIN; UPDATE t SET v = 'kept' WHERE id = 2; SAVEPOINT s; \
+             UPDATE t SET v = 'undone' WHERE id = 1; ROLLBACK TO SAVEPOINT s",
+        )
+        .await
+        .unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(first(&c, q).await.as_deref(), Some("kept"));
+
+        // Extended protocol: a prepared write in a transaction, committed by another
+        // statement; another client's cached read sees it at once.
+        let other = memo.client("postgres", "postgres").await;
+        assert_eq!(first(&other, q).await.as_deref(), Some("kept"));
+        let upd = c.prepare("UPDATE t SET v = $1 WHERE id = 2").await.unwrap();
+        c.batch_execute("BEGIN").await.unwrap();
+        c.execute(&upd, &[&"extended"]).await.unwrap();
+        assert_eq!(
+            first(&other, q).await.as_deref(),
+            Some("kept"),
+            "not committed yet"
+        );
+        c.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(first(&other, q).await.as_deref(), Some("extended"));
+
+        // Autocommit writes of every kind relayed in transaction pooling invalidate.
+        for write in [
+            "INSERT INTO t (id, v) VALUES (3, 'three')",
+            "UPDATE t SET v = 'u' WHERE id = 3",
+            "DELETE FROM t WHERE id = 3",
+            "COPY t (id, v) FROM PROGRAM 'echo 4,four' WITH (FORMAT csv)",
+            "TRUNCATE t",
+        ] {
+            let count = "SELECT count(*) FROM t";
+            let before = first(&other, count).await;
+            assert_eq!(first(&other, count).await, before);
+            c.batch_execute(write).await.unwrap();
+            let fresh = first(&direct, count).await;
+            assert_eq!(first(&other, count).await, fresh, "after {write}");
+        }
+
+        // Reads inside a transaction block neither use nor fill the cache.
+        c.batch_execute("INSERT INTO t (id, v) VALUES (5, 'five')")
+            .await
+            .unwrap();
+        let in_block = "SELECT v FROM t WHERE id = 5";
+        c.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(first(&c, in_block).await.as_deref(), Some("five"));
+        c.batch_execute("COMMIT").await.unwrap();
+        direct
+            .batch_execute("UPDATE t SET v = 'direct' WHERE id = 5")
+            .await
+            .unwrap();
+        assert_eq!(first(&c, in_block).await.as_deref(), Some("direct"));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn each_clients_settings_are_part_of_its_key() {
+    within(async {
+        let (_pg, memo, direct) = setup(1).await;
+        let utc = memo.client("postgres", "postgres").await;
+        let tokyo = memo.client("postgres", "postgres").await;
+        utc.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
+        tokyo
+            .batch_execute("SET TimeZone = 'Asia/Tokyo'")
+            .await
+            .unwrap();
+        let q = "SELECT ts::text FROM t WHERE id = 1";
+        for _ in 0..2 {
+            assert_eq!(
+                first(&utc, q).await.as_deref(),
+                Some("2024-01-01 12:00:00+00")
+            );
+            assert_eq!(
+                first(&tokyo, q).await.as_deref(),
+                Some("2024-01-01 21:00:00+09")
+            );
+        }
+        // Both are cached (a direct write is not seen), each under its own settings.
+        direct
+            .batch_execute("UPDATE t SET ts = ts + interval '1 hour'")
+            .await
+            .unwrap();
+        assert_eq!(
+            first(&utc, q).await.as_deref(),
+            Some("2024-01-01 12:00:00+00")
+        );
+        assert_eq!(
+            first(&tokyo, q).await.as_deref(),
+            Some("2024-01-01 21:00:00+09")
+        );
+        // A client that changes its settings gets the result for its new settings.
+        utc.batch_execute("SET TimeZone = 'Asia/Tokyo'")
+            .await
+            .unwrap();
+        assert_eq!(
+            first(&utc, q).await.as_deref(),
+            Some("2024-01-01 21:00:00+09")
+        );
+        utc.batch_execute("RESET TimeZone; SET search_path = nowhere")
+            .await
+            .unwrap();
+        let err = utc.simple_query("SELECT v FROM t WHERE id = 1").await;
+        assert!(
+            err.is_err(),
+            "search_path is part of the key: t is not found"
+        );
+        // SET pgmemo.cache = off is answered by pgmemo and bypasses the cache.
+        tokyo.batch_execute("SET pgmemo.cache = off").await.unwrap();
+        assert_eq!(
+            first(&tokyo, q).await.as_deref(),
+            Some("2024-01-01 22:00:00+09")
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn uncacheable_reads_are_refused() {
+    within(async {
+        let (_pg, memo, direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        for q in [
+            "SELECT v || now()::text FROM t WHERE id = 1",
+            "SELECT v FROM t WHERE id = 1 FOR UPDATE",
+            "SELECT v || random()::text FROM t WHERE id = 1",
+        ] {
+            let a = first(&c, q).await;
+            direct
+                .batch_execute("UPDATE t SET v = v || '.' WHERE id = 1")
+                .await
+                .unwrap();
+            let b = first(&c, q).await;
+            assert_ne!(a, b, "{q} must not be served from the cache");
+        }
+        assert_eq!(show_cache(&memo, "hits").await, 0);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn concurrent_misses_on_one_key_run_once() {
+    within(async {
+        let (pg, memo, _direct) = setup(4).await;
+        pg.psql(
+            "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_sleep(0.6); RETURN x; END $$;",
+        )
+        .await;
+        let q = "SELECT v, slow(1) FROM t WHERE id = 1";
+        // The first run plans the statement (and learns the context); the concurrent ones
+        // after it have everything they need before taking a server.
+        let warm = memo.client("postgres", "postgres").await;
+        assert_eq!(
+            first(&warm, "SELECT v, slow(2) FROM t WHERE id = 1")
+                .await
+                .as_deref(),
+            Some("one")
+        );
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            let c = memo.client("postgres", "postgres").await;
+            first(&c, "SELECT 1").await;
+            clients.push(c);
+        }
+        let misses_before = show_cache(&memo, "misses").await;
+        let tasks: Vec<_> = clients
+            .into_iter()
+            .map(|c| tokio::spawn(async move { first(&c, q).await }))
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().as_deref(), Some("one"));
+        }
+        assert_eq!(show_cache(&memo, "misses").await - misses_before, 1);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_and_writes_never_see_stale_values() {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    within(async {
+        let pg = TempPostgres::builder()
+            .start()
+            .await
+            .expect("cluster starts");
+        pg.psql("CREATE TABLE kv (k int PRIMARY KEY, v bigint NOT NULL); INSERT INTO kv SELECT g, 0 FROM generate_series(0, 19) g;")
+            .await;
+        let config = Config {
+            pool_mode: PoolMode::Transaction,
+            pool_size: 3,
+            cache: Switch::On,
+            invalidation: Invalidation::Proxy,
+            ..pgmemo_config_for(pg.port())
+        };
+        let memo = spawn_pgmemo(config).await.unwrap();
+        let floors: Arc<Vec<AtomicI64>> = Arc::new((0..20).map(|_| AtomicI64::new(0)).collect());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut tasks = Vec::new();
+        for client_no in 0..12u64 {
+            let c = memo.client("postgres", "postgres").await;
+            let floors = Arc::clone(&floors);
+            tasks.push(tokio::spawn(async move {
+                let read = c.prepare("SELECT v FROM kv WHERE k = $1").await.unwrap();
+                let mut x = client_no.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let (mut reads, mut writes) = (0u64, 0u64);
+                while Instant::now() < deadline {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // Key and operation from different bits: every key is both read and written.
+                let k = ((x >> 40) % 20) as i32;
+                    if x % 10 == 0 {
+                        // Alternate autocommit and explicit transactions.
+                        let v: i64 = if (x >> 20) % 2 == 0 {
+                            c.query_one("UPDATE kv SET v = v + 1 WHERE k = $1 RETURNING v", &[&k])
+                                .await
+                                .unwrap()
+                                .get(0)
+                        } else {
+                            c.batch_execute("BEGIN").await.unwrap();
+                            let v: i64 = first(&c, &format!("UPDATE kv SET v = v + 1 WHERE k = {k} RETURNING v"))
+                                .await
+                                .unwrap()
+                                .parse()
+                                .unwrap();
+                            c.batch_execute("COMMIT").await.unwrap();
+                            v
+                        };
+                        floors[k as usize].fetch_max(v, Ordering::SeqCst);
+                        writes += 1;
+                    } else {
+                        let floor = floors[k as usize].load(Ordering::SeqCst);
+                        let v: i64 = if x % 3 == 0 {
+                            first(&c, &format!("SELECT v FROM kv WHERE k = {k}"))
+                                .await
+                                .unwrap()
+                                .parse()
+                                .unwrap()
+                        } else {
+                            c.query_one(&read, &[&k]).await.unwrap().get(0)
+                        };
+                        assert!(
+                            v >= floor,
+                            "key {k}: read {v} after a write of {floor} was acknowledged"
+                        );
+                        reads += 1;
+                    }
+                }
+                (reads, writes)
+            }));
+        }
+        let (mut reads, mut writes) = (0, 0);
+        for t in tasks {
+            let (r, w) = t.await.unwrap();
+            reads += r;
+            writes += w;
+        }
+        assert!(reads > 100 && writes > 10, "{reads} reads, {writes} writes");
+        assert!(
+            show_cache(&memo, "hits").await > 0,
+            "some reads were served from the cache"
+        );
+    })
+    .await;
+}
