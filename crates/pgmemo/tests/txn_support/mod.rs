@@ -53,14 +53,15 @@ pub async fn within<T>(limit: Duration, fut: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("test did not finish within {limit:?}"))
 }
 
-/// Transaction pooling in front of PostgreSQL on 127.0.0.1:`port`, cache off (it is not used
-/// in transaction mode; off makes that explicit), and a short `query_wait_timeout` so that a
-/// client stuck waiting for a server fails the test instead of hanging it.
+/// Transaction pooling in front of PostgreSQL on 127.0.0.1:`port`, with the result cache on
+/// (so every test here also runs the cache's effect tracking and capture; tests whose writes
+/// bypass pgmemo turn it off), and a short `query_wait_timeout` so that a client stuck
+/// waiting for a server fails the test instead of hanging it.
 pub fn txn_config(port: u16, pool_size: usize) -> Config {
     Config {
         pool_mode: PoolMode::Transaction,
         pool_size,
-        cache: Switch::Off,
+        cache: Switch::On,
         invalidation: Invalidation::Proxy,
         query_wait_timeout: Seconds(Duration::from_secs(15)),
         ..pgmemo_config_for(port)
