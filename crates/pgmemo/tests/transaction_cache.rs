@@ -436,3 +436,45 @@ async fn concurrent_reads_and_writes_never_see_stale_values() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_write_first_seen_in_a_block_is_planned_after_it_and_then_invalidates_only_its_table() {
+    within(async {
+        let (pg, memo, direct) = setup(1).await;
+        pg.psql(
+            "CREATE TABLE other (id int PRIMARY KEY, v text); INSERT INTO other VALUES (1, 'a');",
+        )
+        .await;
+        let c = memo.client("postgres", "postgres").await;
+        let q = "SELECT v FROM other WHERE id = 1";
+        let write = "UPDATE t SET v = v || '.' WHERE id = 1";
+        assert_eq!(first(&c, q).await.as_deref(), Some("a"));
+        // Unknown to pgmemo inside a block: it may write anything, so `other` goes too.
+        c.batch_execute("BEGIN").await.unwrap();
+        c.batch_execute(write).await.unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+        direct
+            .batch_execute("UPDATE other SET v = 'b'")
+            .await
+            .unwrap();
+        assert_eq!(first(&c, q).await.as_deref(), Some("b"));
+        // Planned after that transaction: the same write now invalidates only `t`.
+        c.batch_execute("BEGIN").await.unwrap();
+        c.batch_execute(write).await.unwrap();
+        c.batch_execute("COMMIT").await.unwrap();
+        direct
+            .batch_execute("UPDATE other SET v = 'c'")
+            .await
+            .unwrap();
+        assert_eq!(
+            first(&c, q).await.as_deref(),
+            Some("b"),
+            "the cached read of another table survives"
+        );
+        assert_eq!(
+            first(&c, "SELECT v FROM t WHERE id = 1").await.as_deref(),
+            Some("one..")
+        );
+    })
+    .await;
+}

@@ -41,6 +41,8 @@ const FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
 const PARSE_AND_BIND_COMPLETE: &[u8] = b"1\0\0\0\x042\0\0\0\x04";
 const READY_IDLE: &[u8] = b"Z\0\0\0\x05I";
+/// Most statements planned after one transaction (each may cost a catalog round trip).
+const MAX_PLANNED_AFTER: usize = 8;
 
 /// A transaction-pooled client's cache state, for its whole session.
 pub struct TxnCache {
@@ -66,6 +68,8 @@ pub struct TxnCache {
     rollback_seen: bool,
     /// The last ReadyForQuery said a transaction block was open.
     in_block: bool,
+    /// Statements run while attached whose plans were made without the catalog.
+    unplanned: Vec<String>,
 }
 
 /// A detached client's request as the cache sees it.
@@ -131,6 +135,7 @@ impl TxnCache {
             portals: HashMap::new(),
             rollback_seen: false,
             in_block: false,
+            unplanned: Vec::new(),
         }
     }
 
@@ -381,6 +386,7 @@ impl TxnCache {
         self.capture = None;
         self.rollback_seen = false;
         self.in_block = false;
+        self.unplanned.clear();
         let request = request?;
         if self.usable().is_err() && !self.await_feed {
             return None;
@@ -493,18 +499,63 @@ impl TxnCache {
     }
 
     /// What executing `text` does (from the memo, or conservatively without the catalog).
-    pub fn effects_of(&self, text: &str, state: &ClientState, settings_pending: bool) -> Effects {
+    /// A statement the memo does not know is planned with the catalog after the transaction,
+    /// so that its next run invalidates only what it writes.
+    pub fn effects_of(
+        &mut self,
+        text: &str,
+        state: &ClientState,
+        settings_pending: bool,
+    ) -> Effects {
         let context = self.trusted_context(state, settings_pending);
+        let context_id = context.map(|c| c.id);
         let config = self.shared.config();
         let planning = Planning {
             db: &self.db,
             cache: &self.shared.cache,
             config: &config,
-            context_id: context.map(|c| c.id),
+            context_id,
             standard_conforming_strings: context.is_none_or(|c| c.standard_conforming_strings()),
         };
         let (plan, _) = planner::plan_without_catalog(&planning, text);
+        if !plan.complete
+            && context_id.is_some()
+            && self.unplanned.len() < MAX_PLANNED_AFTER
+            && !self.unplanned.iter().any(|t| t == text)
+        {
+            self.unplanned.push(text.to_owned());
+        }
         plan.effects.clone()
+    }
+
+    /// Plans, with the catalog, the statements the transaction ran that the memo did not know
+    /// (the server is idle again and still attached). One round trip per new statement shape,
+    /// once.
+    pub async fn plan_after(&mut self, server: &mut ServerConn, state: &ClientState) {
+        if self.unplanned.is_empty() {
+            return;
+        }
+        let texts = std::mem::take(&mut self.unplanned);
+        let Some(context) = self.context(state).cloned() else {
+            return;
+        };
+        let config = self.shared.config();
+        let planning = Planning {
+            db: &self.db,
+            cache: &self.shared.cache,
+            config: &config,
+            context_id: Some(context.id),
+            standard_conforming_strings: context.standard_conforming_strings(),
+        };
+        let mut catalog = ServerCatalog(server);
+        for text in &texts {
+            if planner::plan(&planning, text, Some(&mut catalog))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
     }
 
     /// A Bind: executing `portal` will run `text`.

@@ -248,6 +248,9 @@ pub async fn run(
         tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), status = ?state.status, released = matches!(attached, Attached::Released), "detach");
         match attached {
             Attached::Released => {
+                if let Some(cache) = cache.as_mut() {
+                    cache.plan_after(&mut server, state).await;
+                }
                 lease.return_idle(server, true);
                 checkout.top_up(shared, route);
             }

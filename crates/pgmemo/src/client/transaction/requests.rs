@@ -229,9 +229,10 @@ fn query(
             entry.outcomes = outcomes;
         }
     }
-    if let Some(cache) = link.cache.as_deref() {
+    let settings_pending = !link.txn.pending.is_empty();
+    if let Some(cache) = link.cache.as_deref_mut() {
         let effects = match sql {
-            Some(sql) => cache.effects_of(sql, link.client, !link.txn.pending.is_empty()),
+            Some(sql) => cache.effects_of(sql, link.client, settings_pending),
             None => writes_anything(),
         };
         entry.effects = Some(Box::new(effects));
