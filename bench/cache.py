@@ -298,7 +298,8 @@ def start_server(name, setup, args, workdir):
         return Server("direct", PG_PORT)
     if name in ("pgmemo-off", "pgmemo-on"):
         extra = ["--cache", name.split("-")[1]] if setup["cache_flag"] else []
-        proxy = passthrough.start_pgmemo(setup["pgmemo"], args.clients, "session", workdir,
+        proxy = passthrough.start_pgmemo(setup["pgmemo"], args.pool_size or args.clients,
+                                         args.pool_mode, workdir,
                                          args.pgmemo_workers, extra_args=extra, name=name)
         server = Server(name, proxy.port, proxy, kind="pgmemo")
     elif name == "pgpool":
@@ -630,6 +631,10 @@ def parse_args():
     p.add_argument("--duration", type=int, default=8, help="seconds per pgbench run")
     p.add_argument("--clients", type=int, default=8, help="pgbench clients of the multi-client workloads")
     p.add_argument("--scale", type=int, default=10, help="pgbench scale of the database")
+    p.add_argument("--pool-mode", choices=("session", "transaction"), default="session",
+                   help="pgmemo's pool mode (in transaction mode a hit takes no server connection)")
+    p.add_argument("--pool-size", type=int, default=0,
+                   help="pgmemo's server connections (default: --clients)")
     p.add_argument("--repeats", type=int, default=20,
                    help="repeated executions after the first in the latency step")
     p.add_argument("--targets", type=name_list(ALL_TARGETS), default=",".join(ALL_TARGETS),
@@ -838,8 +843,9 @@ def main():
                 "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start",
                 "settings": f"scale {args.scale}, synchronous_commit {args.synchronous_commit}, "
                             f"{args.clients} clients (`-j` min(clients, 2)), "
-                            f"{args.duration}s per run, {args.rounds} round(s); pgmemo: session "
-                            f"pooling, pool size {args.clients}, --worker-threads {args.pgmemo_workers}; "
+                            f"{args.duration}s per run, {args.rounds} round(s); pgmemo: {args.pool_mode} "
+                            f"pooling, pool size {args.pool_size or args.clients}, "
+                            f"--worker-threads {args.pgmemo_workers}; "
                             f"every server restarted at the start of each round",
             },
         }

@@ -84,6 +84,23 @@ pub(crate) fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
     v
 }
 
+/// The frames of a batch of at most five messages (the longest cacheable form), without
+/// allocating: `None` for a longer batch.
+pub(crate) fn short_batch(bytes: &[u8]) -> Option<([std::ops::Range<usize>; 5], usize)> {
+    let mut frames: [std::ops::Range<usize>; 5] = Default::default();
+    let mut n = 0;
+    let mut pos = 0;
+    while let Ok(Some(h)) = FrameHeader::peek(&bytes[pos..], usize::MAX) {
+        if bytes.len() - pos < h.frame_len {
+            break;
+        }
+        *frames.get_mut(n)? = pos..pos + h.frame_len;
+        n += 1;
+        pos += h.frame_len;
+    }
+    Some((frames, n))
+}
+
 /// The one batch form whose result pgmemo caches.
 pub(crate) struct BatchShape {
     pub(crate) parse: bool,
@@ -95,7 +112,14 @@ pub(crate) fn cacheable_shape(
     bytes: &[u8],
     frames: &[std::ops::Range<usize>],
 ) -> Option<BatchShape> {
-    let tags: Vec<u8> = frames.iter().map(|r| bytes[r.start]).collect();
+    let mut tags = [0u8; 5];
+    if frames.len() > tags.len() {
+        return None;
+    }
+    for (tag, r) in tags.iter_mut().zip(frames) {
+        *tag = bytes[r.start];
+    }
+    let tags = &tags[..frames.len()];
     let body = |i: usize| &bytes[frames[i].start + 5..frames[i].end];
     let (parse, rest) = match tags.first() {
         Some(b'P') => (true, 1),

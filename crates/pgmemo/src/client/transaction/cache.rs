@@ -29,10 +29,10 @@ use crate::cache::planner::{self, Catalog, Planning};
 use crate::cache::DatabaseCache;
 use crate::client::cached::messages::{
     bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, session_switch,
-    split_frames, Batch,
+    short_batch, Batch,
 };
 use crate::pool::settings::sync_sql;
-use crate::pool::{ParamTypes, ServerConn, ServerError};
+use crate::pool::{ParamTypes, PreparedStatement, ServerConn, ServerError};
 use crate::shared::Shared;
 
 /// Longest a miss waits (detached) for another session running the same query.
@@ -57,6 +57,8 @@ pub struct TxnCache {
     /// A commit left writes to the feed: the WAL position to wait for is still to be read.
     await_feed: bool,
     key: Vec<u8>,
+    /// The key of the request being looked at, after its context prefix.
+    tail: Vec<u8>,
     out: Vec<u8>,
     /// Effects of the statements answered so far in the transaction in progress.
     txn: Effects,
@@ -72,14 +74,11 @@ pub struct TxnCache {
     unplanned: Vec<String>,
 }
 
-/// A detached client's request as the cache sees it.
+/// A detached client's request as the cache sees it. Its key (after the context prefix) is
+/// in [`TxnCache::tail`]; nothing here is allocated, so a hit allocates nothing.
 pub struct Request {
     len: usize,
     kind: Kind,
-    /// The statement text.
-    text: String,
-    /// The key after its context prefix.
-    key_tail: Vec<u8>,
     /// A text parameter reads the clock (`now`, `today`, ...).
     time_word: bool,
 }
@@ -88,9 +87,18 @@ enum Kind {
     Query,
     Batch {
         describe: bool,
-        /// The Parse of the unnamed statement the batch starts with.
-        parse: Option<Bytes>,
+        statement: Statement,
     },
+}
+
+/// Where a batch's statement text is.
+enum Statement {
+    /// In the batch's Parse (of the unnamed statement), at this range of the client's buffer.
+    Parse(std::ops::Range<usize>),
+    /// The client's unnamed statement.
+    Unnamed,
+    /// A statement the client prepared by name.
+    Named(Arc<PreparedStatement>),
 }
 
 /// What to do with a detached client's request.
@@ -129,6 +137,7 @@ impl TxnCache {
             bypass_until_lsn: 0,
             await_feed: false,
             key: Vec::with_capacity(256),
+            tail: Vec::with_capacity(256),
             out: Vec::with_capacity(1024),
             txn: Effects::default(),
             capture: None,
@@ -179,7 +188,10 @@ impl TxnCache {
             return Detached::Attach(None);
         };
         if let Kind::Query = request.kind {
-            if let Some(on) = session_switch(request.text.as_bytes()) {
+            if let Some(on) = may_switch(&self.tail)
+                .then(|| session_switch(&self.tail))
+                .flatten()
+            {
                 self.enabled = on;
                 let _ = buf.split_to(request.len);
                 let mut out = BytesMut::new();
@@ -219,18 +231,24 @@ impl TxnCache {
         Some(bytes)
     }
 
-    /// The request at the front of `buf`, if it is one the cache may answer.
-    fn request(&self, buf: &BytesMut, state: &ClientState, max_message: usize) -> Option<Request> {
+    /// The request at the front of `buf`, if it is one the cache may answer; its key tail
+    /// goes to `self.tail`.
+    fn request(
+        &mut self,
+        buf: &BytesMut,
+        state: &ClientState,
+        max_message: usize,
+    ) -> Option<Request> {
         let header = FrameHeader::peek(buf, max_message).ok()??;
+        let tail = &mut self.tail;
+        tail.clear();
         match header.tag {
             b'Q' => {
                 let text = buf.get(5..header.frame_len.checked_sub(1)?)?;
-                let text = std::str::from_utf8(text).ok()?;
+                tail.extend_from_slice(text);
                 Some(Request {
                     len: header.frame_len,
                     kind: Kind::Query,
-                    text: text.to_owned(),
-                    key_tail: text.as_bytes().to_vec(),
                     time_word: false,
                 })
             }
@@ -239,62 +257,70 @@ impl TxnCache {
                     return None;
                 };
                 let bytes = &buf[..len];
-                let frames = split_frames(bytes);
-                let shape = cacheable_shape(bytes, &frames)?;
-                let parse = shape.parse.then(|| &bytes[frames[0].clone()]);
+                let (frames, n) = short_batch(bytes)?;
+                let shape = cacheable_shape(bytes, &frames[..n])?;
                 let bind = &bytes[frames[usize::from(shape.parse)].clone()];
                 let bind = bind_message(&bind[5..])?;
                 // The statement: parsed in this batch (unnamed only: a named Parse must
                 // reach a server), the client's unnamed one, or one it prepared by name.
-                let mut key_tail = Vec::with_capacity(128);
-                let text = match parse {
-                    Some(p) => {
-                        let m = parse_message(&p[5..])?;
-                        if !m.name.is_empty() {
-                            return None;
-                        }
-                        identity(&mut key_tail, m.text, m.param_types)
+                let statement = if shape.parse {
+                    let m = parse_message(&bytes[frames[0].start + 5..frames[0].end])?;
+                    if !m.name.is_empty() {
+                        return None;
                     }
-                    None if bind.statement.is_empty() => {
-                        let u = state.unnamed.as_ref()?;
-                        if u.outcome.is_some() {
-                            return None;
-                        }
-                        let m = parse_message(&u.parse[5..])?;
-                        identity(&mut key_tail, m.text, m.param_types)
+                    identity(tail, m.text, m.param_types);
+                    Statement::Parse(frames[0].clone())
+                } else if bind.statement.is_empty() {
+                    let u = state.unnamed.as_ref().filter(|u| u.outcome.is_none())?;
+                    let m = parse_message(&u.parse[5..])?;
+                    identity(tail, m.text, m.param_types);
+                    Statement::Unnamed
+                } else {
+                    let name = std::str::from_utf8(bind.statement).ok()?;
+                    if state.effects.contains_key(name) {
+                        return None;
                     }
-                    None => {
-                        let name = std::str::from_utf8(bind.statement).ok()?;
-                        if state.effects.contains_key(name) {
-                            return None;
-                        }
-                        let s = state.statements.get(name)?;
-                        let ParamTypes::Oids(oids) = &s.key.types else {
-                            return None;
-                        };
-                        key_tail.extend_from_slice(&(s.key.text.len() as u32).to_le_bytes());
-                        key_tail.extend_from_slice(s.key.text.as_bytes());
-                        key_tail.extend_from_slice(&(oids.len() as i16).to_be_bytes());
-                        for oid in oids.iter() {
-                            key_tail.extend_from_slice(&oid.to_be_bytes());
-                        }
-                        Some(s.key.text.to_string())
+                    let s = state.statements.get(name)?;
+                    let ParamTypes::Oids(oids) = &s.key.types else {
+                        return None;
+                    };
+                    tail.extend_from_slice(&(s.key.text.len() as u32).to_le_bytes());
+                    tail.extend_from_slice(s.key.text.as_bytes());
+                    tail.extend_from_slice(&(oids.len() as i16).to_be_bytes());
+                    for oid in oids.iter() {
+                        tail.extend_from_slice(&oid.to_be_bytes());
                     }
-                }?;
-                key_tail.extend_from_slice(bind.tail);
+                    Statement::Named(Arc::clone(s))
+                };
+                tail.extend_from_slice(bind.tail);
                 Some(Request {
                     len,
                     kind: Kind::Batch {
                         describe: shape.describe,
-                        parse: parse.map(Bytes::copy_from_slice),
+                        statement,
                     },
-                    text,
-                    key_tail,
                     time_word: bind_has_time_word(&bind),
                 })
             }
             _ => None,
         }
+    }
+
+    /// The statement text of `request` (still at the front of `buf`).
+    fn text(request: &Request, buf: &[u8], state: &ClientState) -> Option<String> {
+        let text: &[u8] = match &request.kind {
+            Kind::Query => buf.get(5..request.len - 1)?,
+            Kind::Batch { statement, .. } => match statement {
+                Statement::Parse(r) => parse_message(buf.get(r.start + 5..r.end)?)?.text,
+                Statement::Unnamed => {
+                    let u = state.unnamed.as_ref()?;
+                    return parse_message(&u.parse[5..])
+                        .and_then(|m| std::str::from_utf8(m.text).ok().map(str::to_owned));
+                }
+                Statement::Named(s) => return Some(s.key.text.to_string()),
+            },
+        };
+        std::str::from_utf8(text).ok().map(str::to_owned)
     }
 
     /// Builds the key of `request` in `self.key`; `None` without a current context.
@@ -307,7 +333,7 @@ impl TxnCache {
             Kind::Query => b'Q',
             Kind::Batch { .. } => b'E',
         });
-        self.key.extend_from_slice(&request.key_tail);
+        self.key.extend_from_slice(&self.tail);
         Some(())
     }
 
@@ -318,8 +344,11 @@ impl TxnCache {
         let entry = cache.store.get(&self.key)?;
         let (prefix, describe): (&[u8], bool) = match &request.kind {
             Kind::Query => (b"", true),
-            Kind::Batch { describe, parse } => (
-                if parse.is_some() {
+            Kind::Batch {
+                describe,
+                statement,
+            } => (
+                if matches!(statement, Statement::Parse(_)) {
                     PARSE_AND_BIND_COMPLETE
                 } else {
                     BIND_COMPLETE
@@ -354,20 +383,29 @@ impl TxnCache {
     }
 
     /// Removes an answered request from the client's buffer; a Parse of the unnamed
-    /// statement answered with it becomes the client's unnamed statement.
+    /// statement answered with it becomes the client's unnamed statement (unless it already
+    /// is: drivers parse the same text every time).
     fn consume(&mut self, buf: &mut BytesMut, request: &Request, state: &mut ClientState) {
-        let _ = buf.split_to(request.len);
         if let Kind::Batch {
-            parse: Some(parse), ..
+            statement: Statement::Parse(r),
+            ..
         } = &request.kind
         {
-            state.parses += 1;
-            state.unnamed = Some(Unnamed {
-                seq: state.parses,
-                parse: parse.clone(),
-                outcome: None,
-            });
+            let parse = &buf[r.clone()];
+            let same = state
+                .unnamed
+                .as_ref()
+                .is_some_and(|u| u.outcome.is_none() && u.parse[..] == *parse);
+            if !same {
+                state.parses += 1;
+                state.unnamed = Some(Unnamed {
+                    seq: state.parses,
+                    parse: Bytes::copy_from_slice(parse),
+                    outcome: None,
+                });
+            }
         }
+        let _ = buf.split_to(request.len);
     }
 
     /// Readies an attached server for `request`: its settings, the client's context, the
@@ -411,7 +449,8 @@ impl TxnCache {
             standard_conforming_strings: context.standard_conforming_strings(),
         };
         let mut catalog = ServerCatalog(server);
-        let (plan, time_literal) = planner::plan(&planning, &request.text, Some(&mut catalog))
+        let text = Self::text(&request, buf, state)?;
+        let (plan, time_literal) = planner::plan(&planning, &text, Some(&mut catalog))
             .await
             .ok()?;
         drop(config);
@@ -646,13 +685,20 @@ impl TxnCache {
 }
 
 /// `len`, text and parameter types as a session-mode key names a statement, so that both
-/// pool modes share entries. Returns the text.
-fn identity(key: &mut Vec<u8>, text: &[u8], param_types: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(text).ok()?;
+/// pool modes share entries.
+fn identity(key: &mut Vec<u8>, text: &[u8], param_types: &[u8]) {
     key.extend_from_slice(&(text.len() as u32).to_le_bytes());
-    key.extend_from_slice(text.as_bytes());
+    key.extend_from_slice(text);
     key.extend_from_slice(param_types);
-    Some(text.to_owned())
+}
+
+/// Whether a query text may be `SET`/`RESET pgmemo.cache` (checked fully only then).
+fn may_switch(text: &[u8]) -> bool {
+    let text = text.trim_ascii_start();
+    [&b"set"[..], b"reset"].iter().any(|w| {
+        text.get(..w.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(w))
+    })
 }
 
 /// Why a request with this plan is not stored.
