@@ -478,3 +478,34 @@ async fn a_write_first_seen_in_a_block_is_planned_after_it_and_then_invalidates_
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_refused_parse_of_a_name_in_use_keeps_the_old_statement() {
+    use raw::*;
+    let (_pg, memo, _direct) = setup(2).await;
+    let mut c = Raw::connect(memo.addr()).await;
+    let one = "SELECT v FROM t WHERE id = 1 AND $1::int = 0";
+    let two = "SELECT v FROM t WHERE id = 2 AND $1::int = 0";
+    let run = |name: &str| vec![bind_named(name, &["0"]), execute(), sync()];
+    let (tags, _) = c
+        .round_trip(&[
+            parse_named("s1", one, &[]),
+            parse_named("s2", two, &[]),
+            sync(),
+        ])
+        .await;
+    assert_eq!(tags, vec!['1', '1', 'Z']);
+    // Both results are cached.
+    for _ in 0..2 {
+        assert_eq!(c.round_trip(&run("s1")).await.1, vec!["one"]);
+        assert_eq!(c.round_trip(&run("s2")).await.1, vec!["two"]);
+    }
+    // s1 again with s2's text: PostgreSQL refuses it and s1 stays what it was.
+    let (tags, _) = c.round_trip(&[parse_named("s1", two, &[]), sync()]).await;
+    assert_eq!(tags, vec!['E', 'Z']);
+    assert_eq!(
+        c.round_trip(&run("s1")).await.1,
+        vec!["one"],
+        "s1 still means its first text, from the cache or not"
+    );
+}

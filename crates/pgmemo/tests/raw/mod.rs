@@ -21,7 +21,12 @@ fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
 }
 
 pub fn parse(text: &str, types: &[u32]) -> Vec<u8> {
-    let mut b = vec![0u8];
+    parse_named("", text, types)
+}
+
+pub fn parse_named(name: &str, text: &str, types: &[u32]) -> Vec<u8> {
+    let mut b = name.as_bytes().to_vec();
+    b.push(0);
     b.extend_from_slice(text.as_bytes());
     b.push(0);
     b.put_i16(types.len() as i16);
@@ -32,7 +37,14 @@ pub fn parse(text: &str, types: &[u32]) -> Vec<u8> {
 }
 
 pub fn bind(params: &[&str]) -> Vec<u8> {
-    let mut b = vec![0u8, 0u8];
+    bind_named("", params)
+}
+
+/// Bind of the unnamed portal to statement `statement`, text parameters and results.
+pub fn bind_named(statement: &str, params: &[&str]) -> Vec<u8> {
+    let mut b = vec![0u8];
+    b.extend_from_slice(statement.as_bytes());
+    b.push(0);
     b.put_i16(0);
     b.put_i16(params.len() as i16);
     for p in params {

@@ -570,8 +570,12 @@ impl Requests<'_> {
         match frame[0] {
             b'P' => {
                 if let Some(p) = parse_message(body) {
-                    self.session
-                        .parsed(frame.slice_ref(p.name), p.text, p.param_types);
+                    // PostgreSQL refuses a Parse of a name in use (42P05) and keeps the
+                    // statement it has: so does pgmemo.
+                    if p.name.is_empty() || !self.session.statements.contains_key(p.name) {
+                        self.session
+                            .parsed(frame.slice_ref(p.name), p.text, p.param_types);
+                    }
                 }
             }
             b'B' => {
