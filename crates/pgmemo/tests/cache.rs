@@ -796,3 +796,30 @@ async fn a_refused_parse_of_a_name_in_use_keeps_the_old_statement() {
         "s1 still means its first text, from the cache or not"
     );
 }
+
+#[tokio::test]
+async fn a_statement_first_seen_inside_a_transaction_block_is_planned_there_harmlessly() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    c.batch_execute("BEGIN").await.unwrap();
+    // The catalog lookup runs inside the client's block (in a savepoint of pgmemo's).
+    let q = "SELECT v FROM t WHERE id = 2 AND v <> 'x'";
+    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+    assert_eq!(
+        show_cache(&memo, "hits").await,
+        1,
+        "planned and cached in the block"
+    );
+    // The block is the client's as before: its own savepoints and statements work.
+    c.batch_execute(
+        "SAVEPOINT mine; UPDATE t SET v = 'x' WHERE id = 1; ROLLBACK TO SAVEPOINT mine",
+    )
+    .await
+    .unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        first(&c, "SELECT v FROM t WHERE id = 1").await.as_deref(),
+        Some("one")
+    );
+}

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use tokio::io::AsyncWrite;
+use wire::backend::TransactionStatus;
 
 use super::requests::Requests;
 use crate::cache::catalog::Row;
@@ -20,8 +21,23 @@ struct SessionCatalog<'r, 'a, SW> {
 impl<SW: AsyncWrite + Unpin> Catalog for SessionCatalog<'_, '_, SW> {
     type Error = PumpError;
 
+    /// Inside the client's transaction block the lookup runs in a savepoint: should it fail
+    /// (a statement_timeout, say), the client's transaction must not be aborted by it.
     async fn ask(&mut self, sql: &str) -> Result<Option<Vec<Row>>, PumpError> {
-        self.requests.ask(self.server, sql).await
+        if self.requests.st.status() != TransactionStatus::InTransaction {
+            return self.requests.ask(self.server, sql).await;
+        }
+        let wrapped = format!("SAVEPOINT pgmemo_lookup; {sql}; RELEASE SAVEPOINT pgmemo_lookup");
+        let rows = self.requests.ask(self.server, &wrapped).await?;
+        if rows.is_none() {
+            self.requests
+                .ask(
+                    self.server,
+                    "ROLLBACK TO SAVEPOINT pgmemo_lookup; RELEASE SAVEPOINT pgmemo_lookup",
+                )
+                .await?;
+        }
+        Ok(rows)
     }
 }
 
