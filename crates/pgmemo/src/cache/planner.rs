@@ -47,6 +47,25 @@ pub struct Planning<'a> {
     pub standard_conforming_strings: bool,
 }
 
+impl<'a> Planning<'a> {
+    /// Planning in `context` when it is current (`None`: plans are neither memoized nor taken
+    /// from the memo, and strings are read as standard-conforming).
+    pub fn in_context(
+        db: &'a DatabaseCache,
+        cache: &'a Cache,
+        config: &'a Config,
+        context: Option<&super::context::Context>,
+    ) -> Planning<'a> {
+        Planning {
+            db,
+            cache,
+            config,
+            context_id: context.map(|c| c.id),
+            standard_conforming_strings: context.is_none_or(|c| c.standard_conforming_strings()),
+        }
+    }
+}
+
 /// The plan of a statement text, and whether the text holds a time literal. The catalog is
 /// asked only when the memo does not know the shape and the statement names relations or
 /// functions; `None` plans without it.

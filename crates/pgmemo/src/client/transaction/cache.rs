@@ -441,13 +441,7 @@ impl TxnCache {
         }
         let context = self.context(state)?.clone();
         let config = self.shared.config();
-        let planning = Planning {
-            db: &self.db,
-            cache: &self.shared.cache,
-            config: &config,
-            context_id: Some(context.id),
-            standard_conforming_strings: context.standard_conforming_strings(),
-        };
+        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
         let mut catalog = ServerCatalog(server);
         let text = Self::text(&request, buf, state)?;
         let (plan, time_literal) = planner::plan(&planning, &text, Some(&mut catalog))
@@ -549,13 +543,7 @@ impl TxnCache {
         let context = self.trusted_context(state, settings_pending);
         let context_id = context.map(|c| c.id);
         let config = self.shared.config();
-        let planning = Planning {
-            db: &self.db,
-            cache: &self.shared.cache,
-            config: &config,
-            context_id,
-            standard_conforming_strings: context.is_none_or(|c| c.standard_conforming_strings()),
-        };
+        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context);
         let (plan, _) = planner::plan_without_catalog(&planning, text);
         if !plan.complete
             && context_id.is_some()
@@ -579,13 +567,7 @@ impl TxnCache {
             return;
         };
         let config = self.shared.config();
-        let planning = Planning {
-            db: &self.db,
-            cache: &self.shared.cache,
-            config: &config,
-            context_id: Some(context.id),
-            standard_conforming_strings: context.standard_conforming_strings(),
-        };
+        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
         let mut catalog = ServerCatalog(server);
         for text in &texts {
             if planner::plan(&planning, text, Some(&mut catalog))

@@ -1,0 +1,143 @@
+//! Shared by the cache test files (`cache.rs`: session pooling, `transaction_cache.rs`:
+//! transaction pooling): reading one value, the admin console's counters, and the scenarios
+//! both pool modes must pass the same way. Test files that use it also declare `mod raw;`.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use testkit::PgmemoInstance;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// The first column of the first row of a simple query.
+pub async fn first(client: &Client, sql: &str) -> Option<String> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .into_iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_owned)),
+            _ => None,
+        })
+        .flatten()
+}
+
+/// One counter of the admin console's `SHOW CACHE`.
+pub async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
+    let admin = memo.client("postgres", "pgmemo").await;
+    let rows = admin.simple_query("SHOW CACHE").await.unwrap();
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) if r.get(0) == Some(name) => r.get(1).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("SHOW CACHE has no {name}"))
+        .parse()
+        .unwrap()
+}
+
+/// The staleness stress test: `clients` clients read and write the rows of
+/// `kv (k int PRIMARY KEY, v bigint)` (20 rows, keys 0-19) through pgmemo for `duration`,
+/// writes in autocommit and in explicit transactions, reads simple and prepared. Values only
+/// grow, so a read that returns less than a write acknowledged before the read started is
+/// stale. Returns (reads, writes).
+pub async fn reads_never_stale(
+    memo: &PgmemoInstance,
+    clients: u64,
+    duration: Duration,
+) -> (u64, u64) {
+    let floors: Arc<Vec<AtomicI64>> = Arc::new((0..20).map(|_| AtomicI64::new(0)).collect());
+    let deadline = Instant::now() + duration;
+    let mut tasks = Vec::new();
+    for client_no in 0..clients {
+        let c = memo.client("postgres", "postgres").await;
+        let floors = Arc::clone(&floors);
+        tasks.push(tokio::spawn(async move {
+            let read = c.prepare("SELECT v FROM kv WHERE k = $1").await.unwrap();
+            let mut x = client_no.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let (mut reads, mut writes) = (0u64, 0u64);
+            while Instant::now() < deadline {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Key and operation from different bits: every key is both read and written.
+                let k = ((x >> 40) % 20) as i32;
+                if x % 10 == 0 {
+                    let v: i64 = if (x >> 20) % 2 == 0 {
+                        c.query_one("UPDATE kv SET v = v + 1 WHERE k = $1 RETURNING v", &[&k])
+                            .await
+                            .unwrap()
+                            .get(0)
+                    } else {
+                        c.batch_execute("BEGIN").await.unwrap();
+                        let sql = format!("UPDATE kv SET v = v + 1 WHERE k = {k} RETURNING v");
+                        let v = first(&c, &sql).await.unwrap().parse().unwrap();
+                        c.batch_execute("COMMIT").await.unwrap();
+                        v
+                    };
+                    floors[k as usize].fetch_max(v, Ordering::SeqCst);
+                    writes += 1;
+                } else {
+                    let floor = floors[k as usize].load(Ordering::SeqCst);
+                    let v: i64 = if x % 3 == 0 {
+                        first(&c, &format!("SELECT v FROM kv WHERE k = {k}"))
+                            .await
+                            .unwrap()
+                            .parse()
+                            .unwrap()
+                    } else {
+                        c.query_one(&read, &[&k]).await.unwrap().get(0)
+                    };
+                    assert!(
+                        v >= floor,
+                        "key {k}: read {v} after a write of {floor} was acknowledged"
+                    );
+                    reads += 1;
+                }
+            }
+            (reads, writes)
+        }));
+    }
+    let (mut reads, mut writes) = (0, 0);
+    for t in tasks {
+        let (r, w) = t.await.unwrap();
+        reads += r;
+        writes += w;
+    }
+    (reads, writes)
+}
+
+/// A Parse of a statement name in use is refused by PostgreSQL (42P05), which keeps the old
+/// statement; pgmemo must go on keying the name by its first text. Needs table `t` with rows
+/// (1, 'one') and (2, 'two').
+pub async fn a_name_in_use_keeps_its_statement(memo: &PgmemoInstance) {
+    use crate::raw::*;
+    let mut c = Raw::connect(memo.addr()).await;
+    let one = "SELECT v FROM t WHERE id = 1 AND $1::int = 0";
+    let two = "SELECT v FROM t WHERE id = 2 AND $1::int = 0";
+    let run = |name: &str| vec![bind_named(name, &["0"]), execute(), sync()];
+    let (tags, _) = c
+        .round_trip(&[
+            parse_named("s1", one, &[]),
+            parse_named("s2", two, &[]),
+            sync(),
+        ])
+        .await;
+    assert_eq!(tags, vec!['1', '1', 'Z']);
+    // Both results are cached.
+    for _ in 0..2 {
+        assert_eq!(c.round_trip(&run("s1")).await.1, vec!["one"]);
+        assert_eq!(c.round_trip(&run("s2")).await.1, vec!["two"]);
+    }
+    // s1 again with s2's text: PostgreSQL refuses it and s1 stays what it was.
+    let (tags, _) = c.round_trip(&[parse_named("s1", two, &[]), sync()]).await;
+    assert_eq!(tags, vec!['E', 'Z']);
+    assert_eq!(
+        c.round_trip(&run("s1")).await.1,
+        vec!["one"],
+        "s1 still means its first text, from the cache or not"
+    );
+}
