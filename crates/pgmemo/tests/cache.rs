@@ -717,3 +717,9 @@ async fn a_statement_first_seen_inside_a_transaction_block_is_planned_there_harm
         Some("one")
     );
 }
+
+#[tokio::test]
+async fn a_refused_parse_leaves_no_statement() {
+    let (_pg, memo, _direct) = setup().await;
+    cache_support::a_refused_parse_leaves_no_statement(&memo).await;
+}

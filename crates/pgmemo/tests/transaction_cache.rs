@@ -397,3 +397,9 @@ async fn a_refused_parse_of_a_name_in_use_keeps_the_old_statement() {
     let (_pg, memo, _direct) = setup(2).await;
     cache_support::a_name_in_use_keeps_its_statement(&memo).await;
 }
+
+#[tokio::test]
+async fn a_refused_parse_leaves_no_statement() {
+    let (_pg, memo, _direct) = setup(2).await;
+    cache_support::a_refused_parse_leaves_no_statement(&memo).await;
+}

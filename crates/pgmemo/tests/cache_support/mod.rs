@@ -141,3 +141,34 @@ pub async fn a_name_in_use_keeps_its_statement(memo: &PgmemoInstance) {
         "s1 still means its first text, from the cache or not"
     );
 }
+
+/// A Parse the server refused leaves no statement: a later Bind of its name gets PostgreSQL's
+/// error, even once another client has cached a result for the same text.
+pub async fn a_refused_parse_leaves_no_statement(memo: &PgmemoInstance) {
+    use crate::raw::*;
+    let text = "SELECT v FROM later WHERE id = $1";
+    let mut a = Raw::connect(memo.addr()).await;
+    let (tags, _) = a.round_trip(&[parse_named("s1", text, &[]), sync()]).await;
+    assert_eq!(tags, vec!['E', 'Z'], "the table does not exist yet");
+    let b = memo.client("postgres", "postgres").await;
+    b.batch_execute(
+        "CREATE TABLE later (id int PRIMARY KEY, v text); INSERT INTO later VALUES (1, 'x')",
+    )
+    .await
+    .unwrap();
+    // Another client caches the result of the same statement (same text, parameter types
+    // and formats: the same key).
+    let mut c = Raw::connect(memo.addr()).await;
+    let (tags, _) = c.round_trip(&[parse_named("s9", text, &[]), sync()]).await;
+    assert_eq!(tags, vec!['1', 'Z']);
+    for _ in 0..2 {
+        let (_, values) = c
+            .round_trip(&[bind_named("s9", &["1"]), execute(), sync()])
+            .await;
+        assert_eq!(values, vec!["x"]);
+    }
+    let (tags, values) = a
+        .round_trip(&[bind_named("s1", &["1"]), execute(), sync()])
+        .await;
+    assert_eq!(tags, vec!['E', 'Z'], "s1 does not exist: got {values:?}");
+}

@@ -55,6 +55,9 @@ pub(crate) struct Directive {
     /// of the unnamed statement that the client had sent earlier in a batch answered from the
     /// cache (the server never got it then).
     pub swallow_parse_complete: bool,
+    /// The client's Parses in this request, in order: the n-th ParseComplete confirms the
+    /// n-th.
+    pub parses: Vec<Arc<AtomicBool>>,
 }
 
 impl Directive {
@@ -62,6 +65,7 @@ impl Directive {
     pub(crate) fn merge(&mut self, other: Directive) {
         self.effects.merge(&other.effects);
         self.swallow_parse_complete |= other.swallow_parse_complete;
+        self.parses.extend(other.parses);
         if !matches!(other.action, Action::Forward) {
             self.action = other.action;
         }

@@ -6,7 +6,7 @@
 //! their effects are still tracked, but they are neither served nor stored.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -58,6 +58,8 @@ struct Pump {
     syncs_since_request: u64,
     portals: HashMap<Bytes, Bytes>,
     batch_effects: Effects,
+    /// Confirmation flags of the Parses sent since the last request was noted.
+    parses: Vec<Arc<AtomicBool>>,
 }
 
 impl Requests<'_> {
@@ -160,6 +162,7 @@ impl Requests<'_> {
                         std::mem::take(&mut pump.batch_effects),
                         Action::Forward,
                         false,
+                        std::mem::take(&mut pump.parses),
                     );
                     pump.syncs_since_request += 1;
                 }
@@ -176,7 +179,7 @@ impl Requests<'_> {
                     ..Effects::default()
                 };
                 pump.syncs_since_request = 0;
-                self.request_sent(effects, Action::Forward, false);
+                self.request_sent(effects, Action::Forward, false, Vec::new());
                 send(server, &frame).await?;
             }
             b'c' | b'f' => {
@@ -207,18 +210,25 @@ impl Requests<'_> {
     /// Notes a request that a ReadyForQuery will answer, with its directive.
     /// `inert`: the request is a read that cannot change the transaction, the settings or
     /// any data (a cacheable SELECT, or one of pgmemo's own queries).
-    fn request_sent(&mut self, effects: Effects, action: Action, inert: bool) {
+    fn request_sent(
+        &mut self,
+        effects: Effects,
+        action: Action,
+        inert: bool,
+        parses: Vec<Arc<AtomicBool>>,
+    ) {
         let seq = self.link.sent.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(seq, ?effects, inert, "request sent");
         if !inert {
             self.link.last_non_inert.store(seq + 1, Ordering::Relaxed);
         }
-        if !effects.is_empty() || !matches!(action, Action::Forward) {
+        if !effects.is_empty() || !matches!(action, Action::Forward) || !parses.is_empty() {
             self.link.push_or_merge(Directive {
                 seq,
                 action,
                 effects,
                 swallow_parse_complete: false,
+                parses,
             });
         }
         self.st.pending.fetch_add(1, Ordering::Relaxed);
@@ -238,6 +248,7 @@ impl Requests<'_> {
             action: Action::Forward,
             effects: Effects::default(),
             swallow_parse_complete: true,
+            parses: Vec::new(),
         });
         send(server, &parse).await
     }
@@ -365,7 +376,7 @@ impl Requests<'_> {
         sql: &str,
     ) -> Result<Option<Vec<catalog::Row>>, PumpError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.request_sent(Effects::default(), Action::Internal(tx), true);
+        self.request_sent(Effects::default(), Action::Internal(tx), true, Vec::new());
         send(server, &wire::frontend::query(sql)).await?;
         Ok(rx.await.ok().flatten())
     }
@@ -396,7 +407,7 @@ impl Requests<'_> {
                 bytes.extend_from_slice(d);
             }
             bytes.extend_from_slice(&entry.rows);
-            self.request_sent(Effects::default(), Action::Hit(bytes), true);
+            self.request_sent(Effects::default(), Action::Hit(bytes), true, Vec::new());
         } else {
             let out = &mut self.session.out;
             out.clear();
@@ -492,7 +503,7 @@ impl Requests<'_> {
             plan.query.miss(None);
         }
         let inert = plan.read.is_ok() && plan.effects.is_empty() && !time_literal;
-        self.request_sent(plan.effects.clone(), action, inert);
+        self.request_sent(plan.effects.clone(), action, inert, Vec::new());
         send(server, &frame).await
     }
 
@@ -573,8 +584,10 @@ impl Requests<'_> {
                     // PostgreSQL refuses a Parse of a name in use (42P05) and keeps the
                     // statement it has: so does pgmemo.
                     if p.name.is_empty() || !self.session.statements.contains_key(p.name) {
-                        self.session
-                            .parsed(frame.slice_ref(p.name), p.text, p.param_types);
+                        let confirmed =
+                            self.session
+                                .parsed(frame.slice_ref(p.name), p.text, p.param_types);
+                        pump.parses.push(confirmed);
                     }
                 }
             }
@@ -681,7 +694,10 @@ impl Requests<'_> {
                 if unnamed_parse {
                     let p = bytes.slice(frames[0].clone());
                     if let Some(m) = parse_message(&p[5..]) {
-                        self.session.parsed(Bytes::new(), m.text, m.param_types);
+                        // Answered by pgmemo (from the cache) if at all: nothing to confirm.
+                        self.session
+                            .parsed(Bytes::new(), m.text, m.param_types)
+                            .store(true, Ordering::Relaxed);
                     }
                 }
                 let prefix: &[u8] = if unnamed_parse {
@@ -695,6 +711,7 @@ impl Requests<'_> {
                         .session
                         .statements
                         .get(b.statement)
+                        .filter(|st| st.confirmed.load(Ordering::Relaxed))
                         .map(|st| st.identity.clone());
                     if let Some(identity) = identity {
                         if self.session.start_key(b'E').is_some() {
@@ -831,7 +848,8 @@ impl Requests<'_> {
             self.restore_unnamed(parse, server).await?;
         }
         let inert = shape.is_some() && read_ok && effects.is_empty();
-        self.request_sent(effects, action, inert);
+        let parses = std::mem::take(&mut pump.parses);
+        self.request_sent(effects, action, inert, parses);
         send(server, &bytes).await
     }
 

@@ -28,6 +28,8 @@ struct InFlight {
     internal_rows: Vec<Row>,
     error: bool,
     swallowed: bool,
+    /// The client's ParseCompletes seen so far.
+    parsed: usize,
 }
 
 /// Runs the server pump until the server closes or fails.
@@ -149,6 +151,16 @@ where
                     }
                 }
                 match tag {
+                    b'1' => {
+                        if let Some(p) = flight
+                            .directive
+                            .as_ref()
+                            .and_then(|d| d.parses.get(flight.parsed))
+                        {
+                            p.store(true, Ordering::Relaxed);
+                        }
+                        flight.parsed += 1;
+                    }
                     b'E' => {
                         flight.error = true;
                         if ErrorResponse::parse(&frame[5..]).is_ok_and(|e| e.is_fatal()) {
@@ -221,6 +233,7 @@ fn start_filling(flight: &mut InFlight, d: Directive) {
         action,
         effects,
         swallow_parse_complete,
+        parses,
     } = d;
     if let Action::Capture(capture) = action {
         flight.filling = Some(Filling::new(capture));
@@ -230,6 +243,7 @@ fn start_filling(flight: &mut InFlight, d: Directive) {
         action: Action::Forward,
         effects,
         swallow_parse_complete,
+        parses,
     });
 }
 

@@ -4,6 +4,7 @@
 //! nothing.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -22,6 +23,9 @@ pub struct Statement {
     /// Its plan, the context id and plan epoch it was made in, and whether the text holds a
     /// time literal.
     pub plan: Option<(u64, u64, Arc<Plan>, bool)>,
+    /// The server answered its Parse with ParseComplete. Until then it is not answered from
+    /// the cache: a refused Parse leaves no statement (or the previous one) on the server.
+    pub confirmed: Arc<AtomicBool>,
 }
 
 /// Per-session cache state.
@@ -71,20 +75,24 @@ impl CacheSession {
         Some(())
     }
 
-    /// Records a Parse: `name` now means `text` with these parameter types.
-    pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) {
+    /// Records a Parse: `name` now means `text` with these parameter types. Returns the flag
+    /// that the Parse's ParseComplete sets.
+    pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) -> Arc<AtomicBool> {
         let mut identity = Vec::with_capacity(text.len() + param_types.len() + 5);
         identity.extend_from_slice(&(text.len() as u32).to_le_bytes());
         identity.extend_from_slice(text);
         identity.extend_from_slice(param_types);
+        let confirmed = Arc::new(AtomicBool::new(false));
         self.statements.insert(
             name,
             Statement {
                 text: String::from_utf8_lossy(text).into_owned(),
                 identity: Bytes::from(identity),
                 plan: None,
+                confirmed: Arc::clone(&confirmed),
             },
         );
+        confirmed
     }
 
     /// Forgets a statement (Close, DEALLOCATE, or a SQL `PREPARE` whose text pgmemo does not

@@ -72,6 +72,8 @@ pub struct TxnCache {
     in_block: bool,
     /// Statements run while attached whose plans were made without the catalog.
     unplanned: Vec<String>,
+    /// The fill this client leads (single flight), taken before its server.
+    leading: Option<flight::FlightGuard>,
 }
 
 /// A detached client's request as the cache sees it. Its key (after the context prefix) is
@@ -145,6 +147,7 @@ impl TxnCache {
             rollback_seen: false,
             in_block: false,
             unplanned: Vec::new(),
+            leading: None,
         }
     }
 
@@ -209,26 +212,47 @@ impl TxnCache {
         Detached::Attach(Some(request))
     }
 
-    /// Waits for another session filling the same key, then looks again. `Some` on a hit.
-    pub async fn await_flight(
+    /// Single flight, before a server is taken: when the memo says the request's result may
+    /// be stored, either leads the fill of its key (the guard goes with the capture) or waits
+    /// for the client already filling it and answers from its entry. `Some` on a hit.
+    pub async fn join_flight(
         &mut self,
         buf: &mut BytesMut,
         request: &Request,
         state: &mut ClientState,
     ) -> Option<Vec<u8>> {
-        self.context(state)?;
+        self.leading = None;
+        let context = self.context(state)?.clone();
         self.usable().ok()?;
+        let text = Self::text(request, buf, state)?;
+        let cacheable = {
+            let config = self.shared.config();
+            let planning =
+                Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
+            let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
+            plan.complete && plan.read.is_ok() && !time_literal && !request.time_word
+        };
+        if !cacheable {
+            return None;
+        }
         self.make_key(request, state)?;
-        let done = self.shared.cache.flights.running(&self.key)?;
-        flight::wait(done, FLIGHT_WAIT).await;
-        self.shared
-            .cache
-            .stats
-            .flight_waits
-            .fetch_add(1, Ordering::Relaxed);
-        let bytes = self.hit(request, state)?;
-        self.consume(buf, request, state);
-        Some(bytes)
+        match self.shared.cache.flights.join(&self.key) {
+            Flight::Leader(guard) => {
+                self.leading = Some(guard);
+                None
+            }
+            Flight::Follower(done) => {
+                flight::wait(done, FLIGHT_WAIT).await;
+                self.shared
+                    .cache
+                    .stats
+                    .flight_waits
+                    .fetch_add(1, Ordering::Relaxed);
+                let bytes = self.hit(request, state)?;
+                self.consume(buf, request, state);
+                Some(bytes)
+            }
+        }
     }
 
     /// The request at the front of `buf`, if it is one the cache may answer; its key tail
@@ -425,6 +449,8 @@ impl TxnCache {
         self.rollback_seen = false;
         self.in_block = false;
         self.unplanned.clear();
+        // Dropped (ending the flight) on every way out but the capture.
+        let mut leading = self.leading.take();
         let request = request?;
         if self.usable().is_err() && !self.await_feed {
             return None;
@@ -463,9 +489,14 @@ impl TxnCache {
             &self.db,
             &self.shared.config(),
         );
-        if let Flight::Leader(guard) = self.shared.cache.flights.join(&capture.key) {
-            capture.flight = Some(guard);
-        }
+        // Led since before the server was taken, or from now on (a follower then waits for
+        // this fill only if it comes later).
+        capture.flight = leading.take().or_else(|| {
+            match self.shared.cache.flights.join(&capture.key) {
+                Flight::Leader(guard) => Some(guard),
+                Flight::Follower(_) => None,
+            }
+        });
         self.shared
             .cache
             .stats

@@ -177,7 +177,7 @@ pub async fn run(
                     continue;
                 }
                 Detached::Attach(Some(r)) => {
-                    if let Some(bytes) = cache.await_flight(&mut client.buf, &r, state).await {
+                    if let Some(bytes) = cache.join_flight(&mut client.buf, &r, state).await {
                         if let Err(end) = answer(client, cache, bytes).await {
                             return end;
                         }
