@@ -74,6 +74,8 @@ pub struct TxnCache {
     unplanned: Vec<String>,
     /// The fill this client leads (single flight), taken before its server.
     leading: Option<flight::FlightGuard>,
+    /// The plan of the request being served.
+    planned: Option<Planned>,
 }
 
 /// A detached client's request as the cache sees it. Its key (after the context prefix) is
@@ -101,6 +103,16 @@ enum Statement {
     Unnamed,
     /// A statement the client prepared by name.
     Named(Arc<PreparedStatement>),
+}
+
+/// The plan of the request being served, kept from the detached phase to the attached one and
+/// to its effects, so a miss is planned once.
+struct Planned {
+    context_id: u64,
+    epoch: u64,
+    text: String,
+    plan: Arc<Plan>,
+    time_literal: bool,
 }
 
 /// What to do with a detached client's request.
@@ -148,6 +160,7 @@ impl TxnCache {
             in_block: false,
             unplanned: Vec::new(),
             leading: None,
+            planned: None,
         }
     }
 
@@ -184,6 +197,7 @@ impl TxnCache {
         state: &mut ClientState,
         max_message: usize,
     ) -> Detached {
+        self.planned = None;
         if state.status != TransactionStatus::Idle {
             return Detached::Attach(None);
         }
@@ -230,7 +244,18 @@ impl TxnCache {
             let planning =
                 Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
             let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
-            plan.complete && plan.read.is_ok() && !time_literal && !request.time_word
+            let cacheable =
+                plan.complete && plan.read.is_ok() && !time_literal && !request.time_word;
+            if plan.complete {
+                self.planned = Some(Planned {
+                    context_id: context.id,
+                    epoch: self.db.plans_epoch(),
+                    text,
+                    plan,
+                    time_literal,
+                });
+            }
+            cacheable
         };
         if !cacheable {
             return None;
@@ -455,25 +480,46 @@ impl TxnCache {
         if self.usable().is_err() && !self.await_feed {
             return None;
         }
-        if self.context(state).is_none() || self.await_feed {
+        let had_context = self.context(state).is_some();
+        if !had_context || self.await_feed {
             self.read_session(server, state).await.ok()?;
         }
         let usable = self.usable();
-        if usable.is_ok() {
+        if usable.is_ok() && !had_context {
             if let Some(bytes) = self.hit(&request, state) {
                 self.consume(buf, &request, state);
                 return Some(bytes);
             }
         }
         let context = self.context(state)?.clone();
-        let config = self.shared.config();
-        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
-        let mut catalog = ServerCatalog(server);
-        let text = Self::text(&request, buf, state)?;
-        let (plan, time_literal) = planner::plan(&planning, &text, Some(&mut catalog))
-            .await
-            .ok()?;
-        drop(config);
+        let epoch = self.db.plans_epoch();
+        let known = self
+            .planned
+            .as_ref()
+            .filter(|p| p.context_id == context.id && p.epoch == epoch);
+        let (plan, time_literal) = match known {
+            Some(p) => (Arc::clone(&p.plan), p.time_literal),
+            None => {
+                let text = Self::text(&request, buf, state)?;
+                let config = self.shared.config();
+                let planning =
+                    Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
+                let mut catalog = ServerCatalog(server);
+                let (plan, time_literal) = planner::plan(&planning, &text, Some(&mut catalog))
+                    .await
+                    .ok()?;
+                if plan.complete {
+                    self.planned = Some(Planned {
+                        context_id: context.id,
+                        epoch,
+                        text,
+                        plan: Arc::clone(&plan),
+                        time_literal,
+                    });
+                }
+                (plan, time_literal)
+            }
+        };
         let refusal = refusal(&plan, usable, time_literal || request.time_word, &context);
         if let Err(r) = refusal {
             self.shared.cache.stats.refused(r);
@@ -573,6 +619,12 @@ impl TxnCache {
     ) -> Effects {
         let context = self.trusted_context(state, settings_pending);
         let context_id = context.map(|c| c.id);
+        let epoch = self.db.plans_epoch();
+        if let Some(p) = self.planned.as_ref().filter(|p| {
+            Some(p.context_id) == context_id && p.epoch == epoch && p.text == text
+        }) {
+            return p.plan.effects.clone();
+        }
         let config = self.shared.config();
         let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context);
         let (plan, _) = planner::plan_without_catalog(&planning, text);
