@@ -71,6 +71,9 @@ impl CacheStats {
 }
 
 /// Figures for one normalized statement.
+/// Mean miss time from which a statement's concurrent misses share one run.
+const SINGLE_FLIGHT_MIN_MICROS: u64 = 1_000;
+
 #[derive(Debug)]
 pub struct QueryStats {
     /// The statement's shape (literals blanked).
@@ -118,6 +121,14 @@ impl QueryStats {
     }
 
     /// Records how long a miss took upstream.
+    /// Whether concurrent misses of this statement should wait for one another (single
+    /// flight): when it is new or its misses take a millisecond or more. For quicker ones the
+    /// bookkeeping would cost more than running the statement twice.
+    pub fn worth_single_flight(&self) -> bool {
+        let n = self.timed_misses.load(Ordering::Relaxed);
+        n == 0 || self.miss_micros.load(Ordering::Relaxed) / n >= SINGLE_FLIGHT_MIN_MICROS
+    }
+
     pub fn timed(&self, micros: u64) {
         self.miss_micros.fetch_add(micros, Ordering::Relaxed);
         self.timed_misses.fetch_add(1, Ordering::Relaxed);

@@ -196,7 +196,14 @@ pub(crate) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
         |at: usize| -> Option<i16> { Some(i16::from_be_bytes([*t.get(at)?, *t.get(at + 1)?])) };
     let Some(nfmt) = read_i16(0) else { return true };
     let nfmt = nfmt.max(0) as usize;
-    let formats: Vec<i16> = (0..nfmt).filter_map(|i| read_i16(2 + 2 * i)).collect();
+    let format_of = |i: usize| -> i16 {
+        match nfmt {
+            0 => 0,
+            1 => read_i16(2).unwrap_or(0),
+            _ if i < nfmt => read_i16(2 + 2 * i).unwrap_or(0),
+            _ => 0,
+        }
+    };
     let mut pos = 2 + 2 * nfmt;
     let Some(nparams) = read_i16(pos) else {
         return true;
@@ -218,16 +225,11 @@ pub(crate) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
             return true;
         };
         pos += len;
-        let format = match formats.len() {
-            0 => 0,
-            1 => formats[0],
-            _ => formats.get(i).copied().unwrap_or(0),
-        };
-        if format == 0 && len <= 16 {
-            let v = String::from_utf8_lossy(value).trim().to_ascii_lowercase();
-            if ["now", "today", "tomorrow", "yesterday"]
+        if len <= 16 && format_of(i) == 0 {
+            let v = value.trim_ascii();
+            if [&b"now"[..], b"today", b"tomorrow", b"yesterday"]
                 .iter()
-                .any(|w| v.starts_with(w))
+                .any(|w| v.get(..w.len()).is_some_and(|h| h.eq_ignore_ascii_case(w)))
             {
                 return true;
             }
@@ -328,5 +330,50 @@ mod tests {
         assert!(has(&[" Today "]));
         assert!(!has(&["1", "nowhere else at all"]));
         assert!(!has(&["42"]));
+    }
+}
+
+#[cfg(test)]
+mod time_word_tests {
+    use super::*;
+
+    /// A Bind tail: per-parameter formats, then the values, then no result formats.
+    fn tail(formats: &[i16], values: &[&str]) -> Vec<u8> {
+        let mut t = Vec::new();
+        t.extend_from_slice(&(formats.len() as i16).to_be_bytes());
+        for f in formats {
+            t.extend_from_slice(&f.to_be_bytes());
+        }
+        t.extend_from_slice(&(values.len() as i16).to_be_bytes());
+        for v in values {
+            t.extend_from_slice(&(v.len() as i32).to_be_bytes());
+            t.extend_from_slice(v.as_bytes());
+        }
+        t.extend_from_slice(&0i16.to_be_bytes());
+        t
+    }
+
+    fn has(formats: &[i16], values: &[&str]) -> bool {
+        let t = tail(formats, values);
+        bind_has_time_word(&BindMessage {
+            portal: b"",
+            statement: b"",
+            tail: &t,
+        })
+    }
+
+    #[test]
+    fn text_parameters_that_read_the_clock_are_found() {
+        assert!(has(&[], &["1", " NOW "]));
+        assert!(has(&[0], &["Today"]));
+        assert!(has(&[0, 0], &["x", "yesterday"]));
+        assert!(has(&[], &["tomorrow 12:00"]));
+        assert!(!has(&[], &["1", "no"]));
+        assert!(!has(&[], &["42", "2024-01-01"]));
+        // Binary parameters are never read as words.
+        assert!(!has(&[1], &["now"]));
+        assert!(has(&[1, 0], &["now", "now"]));
+        // A value too long to be one of the words.
+        assert!(!has(&[], &["now is a long sentence here"]));
     }
 }

@@ -540,6 +540,9 @@ impl Requests<'_> {
         prefix: &[u8],
         describe: bool,
     ) -> Result<Option<Box<Capture>>, PumpError> {
+        if !capture.query.worth_single_flight() {
+            return Ok(Some(capture));
+        }
         match self.shared.cache.flights.join(&capture.key) {
             Flight::Leader(guard) => {
                 capture.flight = Some(guard);

@@ -244,8 +244,11 @@ impl TxnCache {
             let planning =
                 Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
             let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
-            let cacheable =
-                plan.complete && plan.read.is_ok() && !time_literal && !request.time_word;
+            let cacheable = plan.complete
+                && plan.read.is_ok()
+                && !time_literal
+                && !request.time_word
+                && plan.query.worth_single_flight();
             if plan.complete {
                 self.planned = Some(Planned {
                     context_id: context.id,
@@ -538,6 +541,9 @@ impl TxnCache {
         // Led since before the server was taken, or from now on (a follower then waits for
         // this fill only if it comes later).
         capture.flight = leading.take().or_else(|| {
+            if !plan.query.worth_single_flight() {
+                return None;
+            }
             match self.shared.cache.flights.join(&capture.key) {
                 Flight::Leader(guard) => Some(guard),
                 Flight::Follower(_) => None,
@@ -620,9 +626,11 @@ impl TxnCache {
         let context = self.trusted_context(state, settings_pending);
         let context_id = context.map(|c| c.id);
         let epoch = self.db.plans_epoch();
-        if let Some(p) = self.planned.as_ref().filter(|p| {
-            Some(p.context_id) == context_id && p.epoch == epoch && p.text == text
-        }) {
+        if let Some(p) = self
+            .planned
+            .as_ref()
+            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch && p.text == text)
+        {
             return p.plan.effects.clone();
         }
         let config = self.shared.config();
