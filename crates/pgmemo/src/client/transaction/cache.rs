@@ -41,6 +41,8 @@ const FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
 const PARSE_AND_BIND_COMPLETE: &[u8] = b"1\0\0\0\x042\0\0\0\x04";
 const READY_IDLE: &[u8] = b"Z\0\0\0\x05I";
+/// Most plans of named statements a client keeps.
+const MAX_STATEMENT_PLANS: usize = 1024;
 /// Most statements planned after one transaction (each may cost a catalog round trip).
 const MAX_PLANNED_AFTER: usize = 8;
 
@@ -76,6 +78,9 @@ pub struct TxnCache {
     leading: Option<flight::FlightGuard>,
     /// The plan of the request being served.
     planned: Option<Planned>,
+    /// Plans of the client's named statements, by statement id: an execution of a prepared
+    /// statement is planned without even a memo lookup.
+    statement_plans: HashMap<u64, Planned>,
 }
 
 /// A detached client's request as the cache sees it. Its key (after the context prefix) is
@@ -107,10 +112,11 @@ enum Statement {
 
 /// The plan of the request being served, kept from the detached phase to the attached one and
 /// to its effects, so a miss is planned once.
+#[derive(Clone)]
 struct Planned {
     context_id: u64,
     epoch: u64,
-    text: String,
+    text: Arc<str>,
     plan: Arc<Plan>,
     time_literal: bool,
 }
@@ -161,6 +167,7 @@ impl TxnCache {
             unplanned: Vec::new(),
             leading: None,
             planned: None,
+            statement_plans: HashMap::new(),
         }
     }
 
@@ -238,28 +245,33 @@ impl TxnCache {
         self.leading = None;
         let context = self.context(state)?.clone();
         self.usable().ok()?;
-        let text = Self::text(request, buf, state)?;
-        let cacheable = {
-            let config = self.shared.config();
-            let planning =
-                Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
-            let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
-            let cacheable = plan.complete
-                && plan.read.is_ok()
-                && !time_literal
-                && !request.time_word
-                && plan.query.worth_single_flight();
-            if plan.complete {
-                self.planned = Some(Planned {
+        let planned = match self.statement_planned(request, &context) {
+            Some(p) => p,
+            None => {
+                let text: Arc<str> = Self::text(request, buf, state)?.into();
+                let config = self.shared.config();
+                let planning =
+                    Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
+                let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
+                if !plan.complete {
+                    return None;
+                }
+                let planned = Planned {
                     context_id: context.id,
                     epoch: self.db.plans_epoch(),
                     text,
                     plan,
                     time_literal,
-                });
+                };
+                self.remember_statement_plan(request, &planned);
+                planned
             }
-            cacheable
         };
+        let cacheable = planned.plan.read.is_ok()
+            && !planned.time_literal
+            && !request.time_word
+            && planned.plan.query.worth_single_flight();
+        self.planned = Some(planned);
         if !cacheable {
             return None;
         }
@@ -503,7 +515,7 @@ impl TxnCache {
         let (plan, time_literal) = match known {
             Some(p) => (Arc::clone(&p.plan), p.time_literal),
             None => {
-                let text = Self::text(&request, buf, state)?;
+                let text: Arc<str> = Self::text(&request, buf, state)?.into();
                 let config = self.shared.config();
                 let planning =
                     Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
@@ -512,13 +524,15 @@ impl TxnCache {
                     .await
                     .ok()?;
                 if plan.complete {
-                    self.planned = Some(Planned {
+                    let planned = Planned {
                         context_id: context.id,
                         epoch,
                         text,
                         plan: Arc::clone(&plan),
                         time_literal,
-                    });
+                    };
+                    self.remember_statement_plan(&request, &planned);
+                    self.planned = Some(planned);
                 }
                 (plan, time_literal)
             }
@@ -605,6 +619,36 @@ impl TxnCache {
         Ok(())
     }
 
+    /// The kept plan of a request executing one of the client's named statements.
+    fn statement_planned(&self, request: &Request, context: &Context) -> Option<Planned> {
+        let Kind::Batch {
+            statement: Statement::Named(s),
+            ..
+        } = &request.kind
+        else {
+            return None;
+        };
+        let epoch = self.db.plans_epoch();
+        self.statement_plans
+            .get(&s.id)
+            .filter(|p| p.context_id == context.id && p.epoch == epoch)
+            .cloned()
+    }
+
+    /// Keeps the plan of a request executing a named statement.
+    fn remember_statement_plan(&mut self, request: &Request, planned: &Planned) {
+        if let Kind::Batch {
+            statement: Statement::Named(s),
+            ..
+        } = &request.kind
+        {
+            if self.statement_plans.len() >= MAX_STATEMENT_PLANS {
+                self.statement_plans.clear();
+            }
+            self.statement_plans.insert(s.id, planned.clone());
+        }
+    }
+
     /// The context id plans may be memoized under while attached: the settings are the
     /// ones the context was read for and no SET is pending in the transaction.
     fn trusted_context(&self, state: &ClientState, settings_pending: bool) -> Option<&Context> {
@@ -617,9 +661,11 @@ impl TxnCache {
     /// What executing `text` does (from the memo, or conservatively without the catalog).
     /// A statement the memo does not know is planned with the catalog after the transaction,
     /// so that its next run invalidates only what it writes.
+    /// `statement`: the id of the client's named statement whose text this is.
     pub fn effects_of(
         &mut self,
         text: &str,
+        statement: Option<u64>,
         state: &ClientState,
         settings_pending: bool,
     ) -> Effects {
@@ -629,7 +675,13 @@ impl TxnCache {
         if let Some(p) = self
             .planned
             .as_ref()
-            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch && p.text == text)
+            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch && *p.text == *text)
+        {
+            return p.plan.effects.clone();
+        }
+        if let Some(p) = statement
+            .and_then(|id| self.statement_plans.get(&id))
+            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch)
         {
             return p.plan.effects.clone();
         }

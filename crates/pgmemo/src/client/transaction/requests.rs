@@ -232,7 +232,7 @@ fn query(
     let settings_pending = !link.txn.pending.is_empty();
     if let Some(cache) = link.cache.as_deref_mut() {
         let effects = match sql {
-            Some(sql) => cache.effects_of(sql, link.client, settings_pending),
+            Some(sql) => cache.effects_of(sql, None, link.client, settings_pending),
             None => writes_anything(),
         };
         entry.effects = Some(Box::new(effects));
@@ -419,13 +419,13 @@ fn bound(portal: &[u8], name: &str, link: &mut Link<'_>) {
             .and_then(|p| {
                 std::str::from_utf8(&p.query)
                     .ok()
-                    .map(|sql| cache.effects_of(sql, client, settings_pending))
+                    .map(|sql| cache.effects_of(sql, None, client, settings_pending))
             })
     } else {
         client
             .statements
             .get(name)
-            .map(|s| cache.effects_of(&s.key.text, client, settings_pending))
+            .map(|s| cache.effects_of(&s.key.text, Some(s.id), client, settings_pending))
     };
     cache.bound(portal, effects.unwrap_or_else(writes_anything));
 }
