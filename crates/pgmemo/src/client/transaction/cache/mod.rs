@@ -10,16 +10,20 @@
 //! (or the ReadyForQuery ending an autocommit statement) applies them before the client sees
 //! it, a ROLLBACK drops them. Reads inside transaction blocks are neither served nor stored.
 
+mod effects;
+mod request;
+
+pub use request::Request;
+use request::{may_switch, Kind};
+
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use wire::backend::TransactionStatus;
-use wire::FrameHeader;
 
-use super::link::{ClientState, Unnamed};
+use super::link::ClientState;
 use crate::cache::capture::{Capture, Filling};
 use crate::cache::catalog::Row;
 use crate::cache::context::Context;
@@ -27,12 +31,9 @@ use crate::cache::flight::{self, Flight};
 use crate::cache::plan::{Effects, Plan, Refusal};
 use crate::cache::planner::{self, Catalog, Planning};
 use crate::cache::DatabaseCache;
-use crate::client::cached::messages::{
-    bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, session_switch,
-    short_batch, Batch,
-};
+use crate::client::cached::messages::session_switch;
 use crate::pool::settings::sync_sql;
-use crate::pool::{ParamTypes, PreparedStatement, ServerConn, ServerError};
+use crate::pool::{ServerConn, ServerError};
 use crate::shared::Shared;
 
 /// Longest a miss waits (detached) for another session running the same query.
@@ -81,33 +82,6 @@ pub struct TxnCache {
     /// Plans of the client's named statements, by statement id: an execution of a prepared
     /// statement is planned without even a memo lookup.
     statement_plans: HashMap<u64, Planned>,
-}
-
-/// A detached client's request as the cache sees it. Its key (after the context prefix) is
-/// in [`TxnCache::tail`]; nothing here is allocated, so a hit allocates nothing.
-pub struct Request {
-    len: usize,
-    kind: Kind,
-    /// A text parameter reads the clock (`now`, `today`, ...).
-    time_word: bool,
-}
-
-enum Kind {
-    Query,
-    Batch {
-        describe: bool,
-        statement: Statement,
-    },
-}
-
-/// Where a batch's statement text is.
-enum Statement {
-    /// In the batch's Parse (of the unnamed statement), at this range of the client's buffer.
-    Parse(std::ops::Range<usize>),
-    /// The client's unnamed statement.
-    Unnamed,
-    /// A statement the client prepared by name.
-    Named(Arc<PreparedStatement>),
 }
 
 /// The plan of the request being served, kept from the detached phase to the attached one and
@@ -295,183 +269,6 @@ impl TxnCache {
         }
     }
 
-    /// The request at the front of `buf`, if it is one the cache may answer; its key tail
-    /// goes to `self.tail`.
-    fn request(
-        &mut self,
-        buf: &BytesMut,
-        state: &ClientState,
-        max_message: usize,
-    ) -> Option<Request> {
-        let header = FrameHeader::peek(buf, max_message).ok()??;
-        let tail = &mut self.tail;
-        tail.clear();
-        match header.tag {
-            b'Q' => {
-                let text = buf.get(5..header.frame_len.checked_sub(1)?)?;
-                tail.extend_from_slice(text);
-                Some(Request {
-                    len: header.frame_len,
-                    kind: Kind::Query,
-                    time_word: false,
-                })
-            }
-            b'P' | b'B' => {
-                let Batch::Complete(len) = scan_batch(buf, max_message) else {
-                    return None;
-                };
-                let bytes = &buf[..len];
-                let (frames, n) = short_batch(bytes)?;
-                let shape = cacheable_shape(bytes, &frames[..n])?;
-                let bind = &bytes[frames[usize::from(shape.parse)].clone()];
-                let bind = bind_message(&bind[5..])?;
-                // The statement: parsed in this batch (unnamed only: a named Parse must
-                // reach a server), the client's unnamed one, or one it prepared by name.
-                let statement = if shape.parse {
-                    let m = parse_message(&bytes[frames[0].start + 5..frames[0].end])?;
-                    if !m.name.is_empty() {
-                        return None;
-                    }
-                    identity(tail, m.text, m.param_types);
-                    Statement::Parse(frames[0].clone())
-                } else if bind.statement.is_empty() {
-                    let u = state.unnamed.as_ref().filter(|u| u.outcome.is_none())?;
-                    let m = parse_message(&u.parse[5..])?;
-                    identity(tail, m.text, m.param_types);
-                    Statement::Unnamed
-                } else {
-                    let name = std::str::from_utf8(bind.statement).ok()?;
-                    if state.effects.contains_key(name) {
-                        return None;
-                    }
-                    let s = state.statements.get(name)?;
-                    let ParamTypes::Oids(oids) = &s.key.types else {
-                        return None;
-                    };
-                    tail.extend_from_slice(&(s.key.text.len() as u32).to_le_bytes());
-                    tail.extend_from_slice(s.key.text.as_bytes());
-                    tail.extend_from_slice(&(oids.len() as i16).to_be_bytes());
-                    for oid in oids.iter() {
-                        tail.extend_from_slice(&oid.to_be_bytes());
-                    }
-                    Statement::Named(Arc::clone(s))
-                };
-                tail.extend_from_slice(bind.tail);
-                Some(Request {
-                    len,
-                    kind: Kind::Batch {
-                        describe: shape.describe,
-                        statement,
-                    },
-                    time_word: bind_has_time_word(&bind),
-                })
-            }
-            _ => None,
-        }
-    }
-
-    /// The statement text of `request` (still at the front of `buf`).
-    fn text(request: &Request, buf: &[u8], state: &ClientState) -> Option<String> {
-        let text: &[u8] = match &request.kind {
-            Kind::Query => buf.get(5..request.len - 1)?,
-            Kind::Batch { statement, .. } => match statement {
-                Statement::Parse(r) => parse_message(buf.get(r.start + 5..r.end)?)?.text,
-                Statement::Unnamed => {
-                    let u = state.unnamed.as_ref()?;
-                    return parse_message(&u.parse[5..])
-                        .and_then(|m| std::str::from_utf8(m.text).ok().map(str::to_owned));
-                }
-                Statement::Named(s) => return Some(s.key.text.to_string()),
-            },
-        };
-        std::str::from_utf8(text).ok().map(str::to_owned)
-    }
-
-    /// Builds the key of `request` in `self.key`; `None` without a current context.
-    fn make_key(&mut self, request: &Request, state: &ClientState) -> Option<()> {
-        let ctx_id = self.context(state)?.id;
-        self.key.clear();
-        self.key.extend_from_slice(&self.db.id.to_le_bytes());
-        self.key.extend_from_slice(&ctx_id.to_le_bytes());
-        self.key.push(match request.kind {
-            Kind::Query => b'Q',
-            Kind::Batch { .. } => b'E',
-        });
-        self.key.extend_from_slice(&self.tail);
-        Some(())
-    }
-
-    /// The answer to `request` from the store, with its ReadyForQuery.
-    fn hit(&mut self, request: &Request, state: &ClientState) -> Option<Vec<u8>> {
-        self.make_key(request, state)?;
-        let cache = &self.shared.cache;
-        let entry = cache.store.get(&self.key)?;
-        let (prefix, describe): (&[u8], bool) = match &request.kind {
-            Kind::Query => (b"", true),
-            Kind::Batch {
-                describe,
-                statement,
-            } => (
-                if matches!(statement, Statement::Parse(_)) {
-                    PARSE_AND_BIND_COMPLETE
-                } else {
-                    BIND_COMPLETE
-                },
-                *describe,
-            ),
-        };
-        if !entry.is_servable(Instant::now) || (describe && entry.description.is_none()) {
-            return None;
-        }
-        let out = &mut self.out;
-        out.clear();
-        out.extend_from_slice(prefix);
-        if let Some(d) = entry.description.as_ref().filter(|_| describe) {
-            out.extend_from_slice(d);
-        }
-        out.extend_from_slice(&entry.rows);
-        out.extend_from_slice(READY_IDLE);
-        cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-        cache
-            .stats
-            .saved_micros
-            .fetch_add(entry.miss_micros, Ordering::Relaxed);
-        entry.query.hit(entry.miss_micros);
-        Some(std::mem::take(out))
-    }
-
-    /// Gives back the buffer a hit's answer was written in.
-    pub fn recycle(&mut self, mut out: Vec<u8>) {
-        out.clear();
-        self.out = out;
-    }
-
-    /// Removes an answered request from the client's buffer; a Parse of the unnamed
-    /// statement answered with it becomes the client's unnamed statement (unless it already
-    /// is: drivers parse the same text every time).
-    fn consume(&mut self, buf: &mut BytesMut, request: &Request, state: &mut ClientState) {
-        if let Kind::Batch {
-            statement: Statement::Parse(r),
-            ..
-        } = &request.kind
-        {
-            let parse = &buf[r.clone()];
-            let same = state
-                .unnamed
-                .as_ref()
-                .is_some_and(|u| u.outcome.is_none() && u.parse[..] == *parse);
-            if !same {
-                state.parses += 1;
-                state.unnamed = Some(Unnamed {
-                    seq: state.parses,
-                    parse: Bytes::copy_from_slice(parse),
-                    outcome: None,
-                });
-            }
-        }
-        let _ = buf.split_to(request.len);
-    }
-
     /// Readies an attached server for `request`: its settings, the client's context, the
     /// WAL position to wait for, the statement's plan. Returns the answer when the request
     /// turned out to be a hit after all (the context was read only now); otherwise the
@@ -618,212 +415,6 @@ impl TxnCache {
         }
         Ok(())
     }
-
-    /// The kept plan of a request executing one of the client's named statements.
-    fn statement_planned(&self, request: &Request, context: &Context) -> Option<Planned> {
-        let Kind::Batch {
-            statement: Statement::Named(s),
-            ..
-        } = &request.kind
-        else {
-            return None;
-        };
-        let epoch = self.db.plans_epoch();
-        self.statement_plans
-            .get(&s.id)
-            .filter(|p| p.context_id == context.id && p.epoch == epoch)
-            .cloned()
-    }
-
-    /// Keeps the plan of a request executing a named statement.
-    fn remember_statement_plan(&mut self, request: &Request, planned: &Planned) {
-        if let Kind::Batch {
-            statement: Statement::Named(s),
-            ..
-        } = &request.kind
-        {
-            if self.statement_plans.len() >= MAX_STATEMENT_PLANS {
-                self.statement_plans.clear();
-            }
-            self.statement_plans.insert(s.id, planned.clone());
-        }
-    }
-
-    /// The context id plans may be memoized under while attached: the settings are the
-    /// ones the context was read for and no SET is pending in the transaction.
-    fn trusted_context(&self, state: &ClientState, settings_pending: bool) -> Option<&Context> {
-        if settings_pending {
-            return None;
-        }
-        self.context(state).map(|c| &**c)
-    }
-
-    /// What executing `text` does (from the memo, or conservatively without the catalog).
-    /// A statement the memo does not know is planned with the catalog after the transaction,
-    /// so that its next run invalidates only what it writes.
-    /// `statement`: the id of the client's named statement whose text this is.
-    pub fn effects_of(
-        &mut self,
-        text: &str,
-        statement: Option<u64>,
-        state: &ClientState,
-        settings_pending: bool,
-    ) -> Effects {
-        let context = self.trusted_context(state, settings_pending);
-        let context_id = context.map(|c| c.id);
-        let epoch = self.db.plans_epoch();
-        if let Some(p) = self
-            .planned
-            .as_ref()
-            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch && *p.text == *text)
-        {
-            return p.plan.effects.clone();
-        }
-        if let Some(p) = statement
-            .and_then(|id| self.statement_plans.get(&id))
-            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch)
-        {
-            return p.plan.effects.clone();
-        }
-        let config = self.shared.config();
-        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context);
-        let (plan, _) = planner::plan_without_catalog(&planning, text);
-        if !plan.complete
-            && context_id.is_some()
-            && self.unplanned.len() < MAX_PLANNED_AFTER
-            && !self.unplanned.iter().any(|t| t == text)
-        {
-            self.unplanned.push(text.to_owned());
-        }
-        plan.effects.clone()
-    }
-
-    /// Plans, with the catalog, the statements the transaction ran that the memo did not know
-    /// (the server is idle again and still attached). One round trip per new statement shape,
-    /// once.
-    pub async fn plan_after(&mut self, server: &mut ServerConn, state: &ClientState) {
-        if self.unplanned.is_empty() {
-            return;
-        }
-        let texts = std::mem::take(&mut self.unplanned);
-        let Some(context) = self.context(state).cloned() else {
-            return;
-        };
-        let config = self.shared.config();
-        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
-        let mut catalog = ServerCatalog(server);
-        for text in &texts {
-            if planner::plan(&planning, text, Some(&mut catalog))
-                .await
-                .is_err()
-            {
-                break;
-            }
-        }
-    }
-
-    /// A Bind: executing `portal` will run `text`.
-    pub fn bound(&mut self, portal: &[u8], effects: Effects) {
-        match self.portals.get_mut(portal) {
-            Some(slot) => *slot = effects,
-            None => {
-                self.portals.insert(Bytes::copy_from_slice(portal), effects);
-            }
-        }
-    }
-
-    /// The effects of executing `portal` (as if it could write anything when unknown).
-    pub fn portal_effects(&self, portal: &[u8]) -> Effects {
-        self.portals.get(portal).cloned().unwrap_or(Effects {
-            database_wide: true,
-            ..Effects::default()
-        })
-    }
-
-    /// A statement's answer arrived: it ran (or began to), so its effects count.
-    pub fn answered(&mut self, effects: &Effects) {
-        self.txn.merge(effects);
-    }
-
-    /// A COMMIT (or the end of an autocommit statement): the transaction's writes are
-    /// visible to everyone, so results depending on them go, before the client learns of it.
-    pub fn committed(&mut self) {
-        self.rollback_seen = false;
-        if self.txn.is_empty() {
-            return;
-        }
-        let e = std::mem::take(&mut self.txn);
-        if crate::invalidate::proxy::apply_commit(&e, &self.shared, &self.db) {
-            self.await_feed = true;
-        }
-    }
-
-    /// A statement completed with the tag `ROLLBACK`: a ROLLBACK, or a ROLLBACK TO SAVEPOINT
-    /// (same tag). Which one shows at the next ReadyForQuery.
-    pub fn rollback_completed(&mut self) {
-        self.rollback_seen = true;
-    }
-
-    /// ReadyForQuery. Idle after a transaction block ended by a ROLLBACK: its writes never
-    /// happened. Idle otherwise: an autocommit statement (or anything pgmemo cannot tell
-    /// from one, such as `INSERT ...; ROLLBACK` in one Query) committed.
-    pub fn ready(&mut self, status: TransactionStatus) {
-        if status == TransactionStatus::Idle {
-            if self.rollback_seen && self.in_block {
-                self.txn = Effects::default();
-            } else {
-                self.committed();
-            }
-        }
-        self.in_block = status != TransactionStatus::Idle;
-        self.rollback_seen = false;
-    }
-
-    /// One message of the server's answer, as forwarded to the client. `ready`: it is a
-    /// ReadyForQuery with this status, which ends the captured response.
-    pub fn observe(&mut self, tag: u8, frame: &[u8], ready: Option<TransactionStatus>) {
-        let Some(filling) = self.capture.as_mut() else {
-            return;
-        };
-        match ready {
-            None => {
-                if !filling.fits(frame.len()) {
-                    filling.abort();
-                }
-                filling.add(tag, frame);
-            }
-            Some(status) => {
-                let filling = self.capture.take().expect("checked");
-                if status == TransactionStatus::Idle {
-                    filling.finish(false, &self.shared.cache, &self.shared.upstream_time);
-                }
-            }
-        }
-    }
-
-    /// The attachment ended without the client seeing the end of its transaction (it left,
-    /// the server failed): whatever it may have committed goes from the cache.
-    pub fn abandoned(&mut self) {
-        self.capture = None;
-        self.committed();
-    }
-}
-
-/// `len`, text and parameter types as a session-mode key names a statement, so that both
-/// pool modes share entries.
-fn identity(key: &mut Vec<u8>, text: &[u8], param_types: &[u8]) {
-    key.extend_from_slice(&(text.len() as u32).to_le_bytes());
-    key.extend_from_slice(text);
-    key.extend_from_slice(param_types);
-}
-
-/// Whether a query text may be `SET`/`RESET pgmemo.cache` (checked fully only then).
-fn may_switch(text: &[u8]) -> bool {
-    let text = text.trim_ascii_start();
-    [&b"set"[..], b"reset"].iter().any(|w| {
-        text.get(..w.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(w))
-    })
 }
 
 /// Why a request with this plan is not stored.

@@ -1,0 +1,213 @@
+//! While attached: what each statement the client runs will invalidate (from its kept or
+//! memoized plan), applied at COMMIT and dropped at ROLLBACK, the capture of the first
+//! request's response, and the planning of new statements once the transaction is over.
+
+use bytes::Bytes;
+use wire::backend::TransactionStatus;
+
+use super::request::{Kind, Request, Statement};
+use super::{Planned, ServerCatalog, TxnCache, MAX_PLANNED_AFTER, MAX_STATEMENT_PLANS};
+use crate::cache::context::Context;
+use crate::cache::plan::Effects;
+use crate::cache::planner::{self, Planning};
+use crate::client::transaction::link::ClientState;
+use crate::pool::ServerConn;
+
+impl TxnCache {
+    /// The kept plan of a request executing one of the client's named statements.
+    pub(super) fn statement_planned(
+        &self,
+        request: &Request,
+        context: &Context,
+    ) -> Option<Planned> {
+        let Kind::Batch {
+            statement: Statement::Named(s),
+            ..
+        } = &request.kind
+        else {
+            return None;
+        };
+        let epoch = self.db.plans_epoch();
+        self.statement_plans
+            .get(&s.id)
+            .filter(|p| p.context_id == context.id && p.epoch == epoch)
+            .cloned()
+    }
+
+    /// Keeps the plan of a request executing a named statement.
+    pub(super) fn remember_statement_plan(&mut self, request: &Request, planned: &Planned) {
+        if let Kind::Batch {
+            statement: Statement::Named(s),
+            ..
+        } = &request.kind
+        {
+            if self.statement_plans.len() >= MAX_STATEMENT_PLANS {
+                self.statement_plans.clear();
+            }
+            self.statement_plans.insert(s.id, planned.clone());
+        }
+    }
+
+    /// The context id plans may be memoized under while attached: the settings are the
+    /// ones the context was read for and no SET is pending in the transaction.
+    pub(super) fn trusted_context(
+        &self,
+        state: &ClientState,
+        settings_pending: bool,
+    ) -> Option<&Context> {
+        if settings_pending {
+            return None;
+        }
+        self.context(state).map(|c| &**c)
+    }
+
+    /// What executing `text` does (from the memo, or conservatively without the catalog).
+    /// A statement the memo does not know is planned with the catalog after the transaction,
+    /// so that its next run invalidates only what it writes.
+    /// `statement`: the id of the client's named statement whose text this is.
+    pub fn effects_of(
+        &mut self,
+        text: &str,
+        statement: Option<u64>,
+        state: &ClientState,
+        settings_pending: bool,
+    ) -> Effects {
+        let context = self.trusted_context(state, settings_pending);
+        let context_id = context.map(|c| c.id);
+        let epoch = self.db.plans_epoch();
+        if let Some(p) = self
+            .planned
+            .as_ref()
+            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch && *p.text == *text)
+        {
+            return p.plan.effects.clone();
+        }
+        if let Some(p) = statement
+            .and_then(|id| self.statement_plans.get(&id))
+            .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch)
+        {
+            return p.plan.effects.clone();
+        }
+        let config = self.shared.config();
+        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context);
+        let (plan, _) = planner::plan_without_catalog(&planning, text);
+        if !plan.complete
+            && context_id.is_some()
+            && self.unplanned.len() < MAX_PLANNED_AFTER
+            && !self.unplanned.iter().any(|t| t == text)
+        {
+            self.unplanned.push(text.to_owned());
+        }
+        plan.effects.clone()
+    }
+
+    /// Plans, with the catalog, the statements the transaction ran that the memo did not know
+    /// (the server is idle again and still attached). One round trip per new statement shape,
+    /// once.
+    pub async fn plan_after(&mut self, server: &mut ServerConn, state: &ClientState) {
+        if self.unplanned.is_empty() {
+            return;
+        }
+        let texts = std::mem::take(&mut self.unplanned);
+        let Some(context) = self.context(state).cloned() else {
+            return;
+        };
+        let config = self.shared.config();
+        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
+        let mut catalog = ServerCatalog(server);
+        for text in &texts {
+            if planner::plan(&planning, text, Some(&mut catalog))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    }
+
+    /// A Bind: executing `portal` will run `text`.
+    pub fn bound(&mut self, portal: &[u8], effects: Effects) {
+        match self.portals.get_mut(portal) {
+            Some(slot) => *slot = effects,
+            None => {
+                self.portals.insert(Bytes::copy_from_slice(portal), effects);
+            }
+        }
+    }
+
+    /// The effects of executing `portal` (as if it could write anything when unknown).
+    pub fn portal_effects(&self, portal: &[u8]) -> Effects {
+        self.portals.get(portal).cloned().unwrap_or(Effects {
+            database_wide: true,
+            ..Effects::default()
+        })
+    }
+
+    /// A statement's answer arrived: it ran (or began to), so its effects count.
+    pub fn answered(&mut self, effects: &Effects) {
+        self.txn.merge(effects);
+    }
+
+    /// A COMMIT (or the end of an autocommit statement): the transaction's writes are
+    /// visible to everyone, so results depending on them go, before the client learns of it.
+    pub fn committed(&mut self) {
+        self.rollback_seen = false;
+        if self.txn.is_empty() {
+            return;
+        }
+        let e = std::mem::take(&mut self.txn);
+        if crate::invalidate::proxy::apply_commit(&e, &self.shared, &self.db) {
+            self.await_feed = true;
+        }
+    }
+
+    /// A statement completed with the tag `ROLLBACK`: a ROLLBACK, or a ROLLBACK TO SAVEPOINT
+    /// (same tag). Which one shows at the next ReadyForQuery.
+    pub fn rollback_completed(&mut self) {
+        self.rollback_seen = true;
+    }
+
+    /// ReadyForQuery. Idle after a transaction block ended by a ROLLBACK: its writes never
+    /// happened. Idle otherwise: an autocommit statement (or anything pgmemo cannot tell
+    /// from one, such as `INSERT ...; ROLLBACK` in one Query) committed.
+    pub fn ready(&mut self, status: TransactionStatus) {
+        if status == TransactionStatus::Idle {
+            if self.rollback_seen && self.in_block {
+                self.txn = Effects::default();
+            } else {
+                self.committed();
+            }
+        }
+        self.in_block = status != TransactionStatus::Idle;
+        self.rollback_seen = false;
+    }
+
+    /// One message of the server's answer, as forwarded to the client. `ready`: it is a
+    /// ReadyForQuery with this status, which ends the captured response.
+    pub fn observe(&mut self, tag: u8, frame: &[u8], ready: Option<TransactionStatus>) {
+        let Some(filling) = self.capture.as_mut() else {
+            return;
+        };
+        match ready {
+            None => {
+                if !filling.fits(frame.len()) {
+                    filling.abort();
+                }
+                filling.add(tag, frame);
+            }
+            Some(status) => {
+                let filling = self.capture.take().expect("checked");
+                if status == TransactionStatus::Idle {
+                    filling.finish(false, &self.shared.cache, &self.shared.upstream_time);
+                }
+            }
+        }
+    }
+
+    /// The attachment ended without the client seeing the end of its transaction (it left,
+    /// the server failed): whatever it may have committed goes from the cache.
+    pub fn abandoned(&mut self) {
+        self.capture = None;
+        self.committed();
+    }
+}

@@ -1,0 +1,245 @@
+//! The detached client's request as the cache reads it: its shape, its key, its statement
+//! text (only on a miss), and its answer from the store.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use wire::FrameHeader;
+
+use super::{TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE, READY_IDLE};
+use crate::client::cached::messages::{
+    bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, short_batch,
+    Batch,
+};
+use crate::client::transaction::link::{ClientState, Unnamed};
+use crate::pool::{ParamTypes, PreparedStatement};
+
+/// A detached client's request as the cache sees it. Its key (after the context prefix) is
+/// in [`TxnCache::tail`]; nothing here is allocated, so a hit allocates nothing.
+pub struct Request {
+    pub(super) len: usize,
+    pub(super) kind: Kind,
+    /// A text parameter reads the clock (`now`, `today`, ...).
+    pub(super) time_word: bool,
+}
+
+pub(super) enum Kind {
+    Query,
+    Batch {
+        describe: bool,
+        statement: Statement,
+    },
+}
+
+/// Where a batch's statement text is.
+pub(super) enum Statement {
+    /// In the batch's Parse (of the unnamed statement), at this range of the client's buffer.
+    Parse(std::ops::Range<usize>),
+    /// The client's unnamed statement.
+    Unnamed,
+    /// A statement the client prepared by name.
+    Named(Arc<PreparedStatement>),
+}
+
+impl TxnCache {
+    /// The request at the front of `buf`, if it is one the cache may answer; its key tail
+    /// goes to `self.tail`.
+    pub(super) fn request(
+        &mut self,
+        buf: &BytesMut,
+        state: &ClientState,
+        max_message: usize,
+    ) -> Option<Request> {
+        let header = FrameHeader::peek(buf, max_message).ok()??;
+        let tail = &mut self.tail;
+        tail.clear();
+        match header.tag {
+            b'Q' => {
+                let text = buf.get(5..header.frame_len.checked_sub(1)?)?;
+                tail.extend_from_slice(text);
+                Some(Request {
+                    len: header.frame_len,
+                    kind: Kind::Query,
+                    time_word: false,
+                })
+            }
+            b'P' | b'B' => {
+                let Batch::Complete(len) = scan_batch(buf, max_message) else {
+                    return None;
+                };
+                let bytes = &buf[..len];
+                let (frames, n) = short_batch(bytes)?;
+                let shape = cacheable_shape(bytes, &frames[..n])?;
+                let bind = &bytes[frames[usize::from(shape.parse)].clone()];
+                let bind = bind_message(&bind[5..])?;
+                // The statement: parsed in this batch (unnamed only: a named Parse must
+                // reach a server), the client's unnamed one, or one it prepared by name.
+                let statement = if shape.parse {
+                    let m = parse_message(&bytes[frames[0].start + 5..frames[0].end])?;
+                    if !m.name.is_empty() {
+                        return None;
+                    }
+                    identity(tail, m.text, m.param_types);
+                    Statement::Parse(frames[0].clone())
+                } else if bind.statement.is_empty() {
+                    let u = state.unnamed.as_ref().filter(|u| u.outcome.is_none())?;
+                    let m = parse_message(&u.parse[5..])?;
+                    identity(tail, m.text, m.param_types);
+                    Statement::Unnamed
+                } else {
+                    let name = std::str::from_utf8(bind.statement).ok()?;
+                    if state.effects.contains_key(name) {
+                        return None;
+                    }
+                    let s = state.statements.get(name)?;
+                    let ParamTypes::Oids(oids) = &s.key.types else {
+                        return None;
+                    };
+                    tail.extend_from_slice(&(s.key.text.len() as u32).to_le_bytes());
+                    tail.extend_from_slice(s.key.text.as_bytes());
+                    tail.extend_from_slice(&(oids.len() as i16).to_be_bytes());
+                    for oid in oids.iter() {
+                        tail.extend_from_slice(&oid.to_be_bytes());
+                    }
+                    Statement::Named(Arc::clone(s))
+                };
+                tail.extend_from_slice(bind.tail);
+                Some(Request {
+                    len,
+                    kind: Kind::Batch {
+                        describe: shape.describe,
+                        statement,
+                    },
+                    time_word: bind_has_time_word(&bind),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The statement text of `request` (still at the front of `buf`).
+    pub(super) fn text(request: &Request, buf: &[u8], state: &ClientState) -> Option<String> {
+        let text: &[u8] = match &request.kind {
+            Kind::Query => buf.get(5..request.len - 1)?,
+            Kind::Batch { statement, .. } => match statement {
+                Statement::Parse(r) => parse_message(buf.get(r.start + 5..r.end)?)?.text,
+                Statement::Unnamed => {
+                    let u = state.unnamed.as_ref()?;
+                    return parse_message(&u.parse[5..])
+                        .and_then(|m| std::str::from_utf8(m.text).ok().map(str::to_owned));
+                }
+                Statement::Named(s) => return Some(s.key.text.to_string()),
+            },
+        };
+        std::str::from_utf8(text).ok().map(str::to_owned)
+    }
+
+    /// Builds the key of `request` in `self.key`; `None` without a current context.
+    pub(super) fn make_key(&mut self, request: &Request, state: &ClientState) -> Option<()> {
+        let ctx_id = self.context(state)?.id;
+        self.key.clear();
+        self.key.extend_from_slice(&self.db.id.to_le_bytes());
+        self.key.extend_from_slice(&ctx_id.to_le_bytes());
+        self.key.push(match request.kind {
+            Kind::Query => b'Q',
+            Kind::Batch { .. } => b'E',
+        });
+        self.key.extend_from_slice(&self.tail);
+        Some(())
+    }
+
+    /// The answer to `request` from the store, with its ReadyForQuery.
+    pub(super) fn hit(&mut self, request: &Request, state: &ClientState) -> Option<Vec<u8>> {
+        self.make_key(request, state)?;
+        let cache = &self.shared.cache;
+        let entry = cache.store.get(&self.key)?;
+        let (prefix, describe): (&[u8], bool) = match &request.kind {
+            Kind::Query => (b"", true),
+            Kind::Batch {
+                describe,
+                statement,
+            } => (
+                if matches!(statement, Statement::Parse(_)) {
+                    PARSE_AND_BIND_COMPLETE
+                } else {
+                    BIND_COMPLETE
+                },
+                *describe,
+            ),
+        };
+        if !entry.is_servable(Instant::now) || (describe && entry.description.is_none()) {
+            return None;
+        }
+        let out = &mut self.out;
+        out.clear();
+        out.extend_from_slice(prefix);
+        if let Some(d) = entry.description.as_ref().filter(|_| describe) {
+            out.extend_from_slice(d);
+        }
+        out.extend_from_slice(&entry.rows);
+        out.extend_from_slice(READY_IDLE);
+        cache.stats.hits.fetch_add(1, Ordering::Relaxed);
+        cache
+            .stats
+            .saved_micros
+            .fetch_add(entry.miss_micros, Ordering::Relaxed);
+        entry.query.hit(entry.miss_micros);
+        Some(std::mem::take(out))
+    }
+
+    /// Gives back the buffer a hit's answer was written in.
+    pub fn recycle(&mut self, mut out: Vec<u8>) {
+        out.clear();
+        self.out = out;
+    }
+
+    /// Removes an answered request from the client's buffer; a Parse of the unnamed
+    /// statement answered with it becomes the client's unnamed statement (unless it already
+    /// is: drivers parse the same text every time).
+    pub(super) fn consume(
+        &mut self,
+        buf: &mut BytesMut,
+        request: &Request,
+        state: &mut ClientState,
+    ) {
+        if let Kind::Batch {
+            statement: Statement::Parse(r),
+            ..
+        } = &request.kind
+        {
+            let parse = &buf[r.clone()];
+            let same = state
+                .unnamed
+                .as_ref()
+                .is_some_and(|u| u.outcome.is_none() && u.parse[..] == *parse);
+            if !same {
+                state.parses += 1;
+                state.unnamed = Some(Unnamed {
+                    seq: state.parses,
+                    parse: Bytes::copy_from_slice(parse),
+                    outcome: None,
+                });
+            }
+        }
+        let _ = buf.split_to(request.len);
+    }
+}
+
+/// `len`, text and parameter types as a session-mode key names a statement, so that both
+/// pool modes share entries.
+pub(super) fn identity(key: &mut Vec<u8>, text: &[u8], param_types: &[u8]) {
+    key.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    key.extend_from_slice(text);
+    key.extend_from_slice(param_types);
+}
+
+/// Whether a query text may be `SET`/`RESET pgmemo.cache` (checked fully only then).
+pub(super) fn may_switch(text: &[u8]) -> bool {
+    let text = text.trim_ascii_start();
+    [&b"set"[..], b"reset"].iter().any(|w| {
+        text.get(..w.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(w))
+    })
+}
