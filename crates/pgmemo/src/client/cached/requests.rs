@@ -587,17 +587,29 @@ impl Requests<'_> {
                     // PostgreSQL refuses a Parse of a name in use (42P05) and keeps the
                     // statement it has: so does pgmemo.
                     if p.name.is_empty() || !self.session.statements.contains_key(p.name) {
-                        let confirmed =
-                            self.session
-                                .parsed(frame.slice_ref(p.name), p.text, p.param_types);
+                        // Copies, here and below: a slice would pin the read buffer, which
+                        // would then be reallocated for every request.
+                        let confirmed = self.session.parsed(
+                            Bytes::copy_from_slice(p.name),
+                            p.text,
+                            p.param_types,
+                        );
                         pump.parses.push(confirmed);
                     }
                 }
             }
             b'B' => {
                 if let Some(b) = bind_message(body) {
-                    pump.portals
-                        .insert(frame.slice_ref(b.portal), frame.slice_ref(b.statement));
+                    if pump
+                        .portals
+                        .get(b.portal)
+                        .is_none_or(|s| s[..] != *b.statement)
+                    {
+                        pump.portals.insert(
+                            Bytes::copy_from_slice(b.portal),
+                            Bytes::copy_from_slice(b.statement),
+                        );
+                    }
                 }
             }
             b'E' => {
@@ -725,8 +737,16 @@ impl Requests<'_> {
                                 .await?
                             {
                                 if unnamed_parse {
-                                    self.session.unnamed_behind =
-                                        Some(bytes.slice(frames[0].clone()));
+                                    let parse = &bytes[frames[0].clone()];
+                                    let same = self
+                                        .session
+                                        .unnamed_behind
+                                        .as_ref()
+                                        .is_some_and(|b| b[..] == *parse);
+                                    if !same {
+                                        self.session.unnamed_behind =
+                                            Some(Bytes::copy_from_slice(parse));
+                                    }
                                 }
                                 return Ok(());
                             }

@@ -4,7 +4,7 @@
 //! nothing.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -78,6 +78,17 @@ impl CacheSession {
     /// Records a Parse: `name` now means `text` with these parameter types. Returns the flag
     /// that the Parse's ParseComplete sets.
     pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) -> Arc<AtomicBool> {
+        // The same statement parsed again (drivers parse the unnamed statement for every
+        // query): kept with its plan, to be confirmed again.
+        if let Some(st) = self.statements.get(&name[..]) {
+            let same = st.identity.len() == text.len() + param_types.len() + 4
+                && st.identity[4..4 + text.len()] == *text
+                && st.identity[4 + text.len()..] == *param_types;
+            if same {
+                st.confirmed.store(false, Ordering::Relaxed);
+                return Arc::clone(&st.confirmed);
+            }
+        }
         let mut identity = Vec::with_capacity(text.len() + param_types.len() + 5);
         identity.extend_from_slice(&(text.len() as u32).to_le_bytes());
         identity.extend_from_slice(text);
