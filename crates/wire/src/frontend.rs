@@ -11,6 +11,7 @@ use crate::buf::{as_text, put_cbytes, put_cstr, put_message, BodyReader, Reader}
 use crate::frame::{Frame, WireError};
 
 pub mod extended;
+pub mod peek;
 
 pub use extended::{Bind, Close, Describe, Execute, FunctionCall, Parse, Target};
 

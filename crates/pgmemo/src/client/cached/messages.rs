@@ -1,7 +1,8 @@
-//! Reading the extended-protocol messages a caching session routes: just enough of Parse, Bind,
-//! Describe and Execute to recognise the one batch form whose result pgmemo caches, to key it,
-//! and to find the pieces (statement names, parameter values) that routing needs. Also the
-//! session's own `SET pgmemo.cache` switch.
+//! The routing rules both pool modes' caches share about client messages: the one batch form
+//! whose result is cached (`[Parse] Bind [Describe] Execute Sync`) and how to find it in the
+//! client's buffer, Bind parameters that read the clock, and the session's own
+//! `SET pgmemo.cache` switch. The borrowed decoders of Parse and Bind live in
+//! `wire::frontend::peek`.
 
 use wire::FrameHeader;
 
@@ -150,43 +151,9 @@ pub(crate) fn cacheable_shape(
     Some(BatchShape { parse, describe })
 }
 
-pub(crate) fn cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    let nul = b.iter().position(|&c| c == 0)?;
-    Some((&b[..nul], &b[nul + 1..]))
-}
-
-pub(crate) struct ParseMessage<'a> {
-    pub(crate) name: &'a [u8],
-    pub(crate) text: &'a [u8],
-    pub(crate) param_types: &'a [u8],
-}
-
-pub(crate) fn parse_message(body: &[u8]) -> Option<ParseMessage<'_>> {
-    let (name, rest) = cstr(body)?;
-    let (text, param_types) = cstr(rest)?;
-    Some(ParseMessage {
-        name,
-        text,
-        param_types,
-    })
-}
-
-pub(crate) struct BindMessage<'a> {
-    pub(crate) portal: &'a [u8],
-    pub(crate) statement: &'a [u8],
-    /// Parameter formats and values and result formats: the part of the key a Bind adds.
-    pub(crate) tail: &'a [u8],
-}
-
-pub(crate) fn bind_message(body: &[u8]) -> Option<BindMessage<'_>> {
-    let (portal, rest) = cstr(body)?;
-    let (statement, tail) = cstr(rest)?;
-    Some(BindMessage {
-        portal,
-        statement,
-        tail,
-    })
-}
+pub(crate) use wire::frontend::peek::{
+    bind as bind_message, cstr, parse as parse_message, BindRef as BindMessage,
+};
 
 /// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
 /// date or time parameter reads as the clock.
