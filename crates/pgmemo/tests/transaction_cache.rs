@@ -403,3 +403,42 @@ async fn a_refused_parse_leaves_no_statement() {
     let (_pg, memo, _direct) = setup(2).await;
     cache_support::a_refused_parse_leaves_no_statement(&memo).await;
 }
+
+#[tokio::test]
+async fn reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
+    within(async {
+        let (_pg, memo, direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        let q = "SELECT v FROM t WHERE id = 1";
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+        direct
+            .batch_execute("UPDATE t SET v = 'direct' WHERE id = 1")
+            .await
+            .unwrap();
+        c.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(
+            first(&c, q).await.as_deref(),
+            Some("one"),
+            "a read-committed block that has not written is served from the cache"
+        );
+        // Once the block has written, its reads go to the server (and see its own write).
+        c.batch_execute("UPDATE t SET v = 'mine' WHERE id = 2")
+            .await
+            .unwrap();
+        assert_eq!(first(&c, q).await.as_deref(), Some("direct"));
+        c.batch_execute("ROLLBACK").await.unwrap();
+        // REPEATABLE READ blocks are never served from the cache.
+        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .unwrap();
+        assert_eq!(first(&c, q).await.as_deref(), Some("direct"));
+        c.batch_execute("COMMIT").await.unwrap();
+        // Nor blocks that changed a setting.
+        c.batch_execute("BEGIN; SET LOCAL TimeZone = 'UTC'")
+            .await
+            .unwrap();
+        assert_eq!(first(&c, q).await.as_deref(), Some("direct"));
+        c.batch_execute("COMMIT").await.unwrap();
+    })
+    .await;
+}

@@ -47,6 +47,10 @@ pub fn translate(
     }
     match tag {
         frontend::tag::QUERY => {
+            if let Some(answer) = hit_in_block(&frame, link) {
+                link.queue.push_back(Entry::local(answer));
+                return Ok(true);
+            }
             query(frame, link, registry, out)?;
             Ok(false)
         }
@@ -189,6 +193,20 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
     }
+}
+
+/// A simple Query inside a transaction block answered from the cache, when nothing is owed
+/// to the client before it (so the answer goes out in order) and no SET is pending.
+fn hit_in_block(frame: &Frame, link: &mut Link<'_>) -> Option<Bytes> {
+    if link.client.status != wire::backend::TransactionStatus::InTransaction
+        || !link.queue.is_empty()
+        || link.mid_batch
+        || !link.txn.pending.is_empty()
+    {
+        return None;
+    }
+    let text = frame.body().strip_suffix(b"\0")?;
+    link.cache.as_deref_mut()?.hit_in_block(text, link.client)
 }
 
 fn query(

@@ -243,3 +243,34 @@ pub(super) fn may_switch(text: &[u8]) -> bool {
             .is_some_and(|head| head.eq_ignore_ascii_case(w))
     })
 }
+
+impl TxnCache {
+    /// The answer to a simple Query inside a transaction block, from the store: only while the
+    /// block has not written, changed settings or DDL, and runs under READ COMMITTED (the same
+    /// conditions under which session pooling serves reads in a block). Ends with
+    /// ReadyForQuery('T').
+    pub fn hit_in_block(&mut self, text: &[u8], state: &ClientState) -> Option<Bytes> {
+        let t = &self.txn;
+        if t.writes_data() || t.settings || t.ddl || t.snapshot {
+            return None;
+        }
+        self.usable().ok()?;
+        let context = self.context(state)?;
+        if context.snapshot_by_default() {
+            return None;
+        }
+        self.tail.clear();
+        self.tail.extend_from_slice(text);
+        let request = Request {
+            len: 0,
+            kind: Kind::Query,
+            time_word: false,
+        };
+        let mut answer = self.hit(&request, state)?;
+        let status = answer.len() - 1;
+        answer[status] = b'T';
+        let bytes = Bytes::copy_from_slice(&answer);
+        self.recycle(answer);
+        Some(bytes)
+    }
+}
