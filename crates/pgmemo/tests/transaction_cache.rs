@@ -442,3 +442,34 @@ async fn reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
+    within(async {
+        let (_pg, memo, direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        let q = "SELECT v FROM t WHERE id = 1";
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+        // A client writes in a block and leaves without ending it: pgmemo cannot know whether a
+        // COMMIT was on its way, so what the block wrote goes from the cache.
+        let leaver = memo.client("postgres", "postgres").await;
+        leaver
+            .batch_execute("BEGIN; UPDATE t SET v = 'x' WHERE id = 2")
+            .await
+            .unwrap();
+        drop(leaver);
+        direct
+            .batch_execute("UPDATE t SET v = 'behind' WHERE id = 1")
+            .await
+            .unwrap();
+        let fresh = testkit::eventually(Duration::from_secs(10), || async {
+            first(&c, q).await.as_deref() == Some("behind")
+        })
+        .await;
+        assert!(
+            fresh,
+            "t's cached result outlived the abandoned block's write"
+        );
+    })
+    .await;
+}

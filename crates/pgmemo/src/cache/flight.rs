@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+/// Longest a miss waits for another session running the same query before running it itself.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
+
 /// The keys being filled right now.
 #[derive(Debug, Default)]
 pub struct Flights {

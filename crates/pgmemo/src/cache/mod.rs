@@ -117,6 +117,13 @@ pub struct Cache {
 }
 
 impl Cache {
+    /// Waits (at most [`flight::WAIT_LIMIT`]) for the session filling a key to finish, counting
+    /// the wait; the caller then looks the key up again.
+    pub async fn wait_for_flight(&self, done: tokio::sync::watch::Receiver<()>) {
+        flight::wait(done, flight::WAIT_LIMIT).await;
+        self.stats.flight_waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A cache holding at most `capacity` bytes.
     pub fn new(capacity: u64) -> Cache {
         Cache {

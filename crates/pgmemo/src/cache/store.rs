@@ -42,6 +42,17 @@ impl Entry {
         self.snapshot.is_fresh() && self.expires.is_none_or(|at| now() < at)
     }
 
+    /// Appends the answer to a request this entry serves: `prefix` (what pgmemo answers for the
+    /// request's Parse and Bind), the RowDescription when the request has a Describe, then the
+    /// rows and CommandComplete. The caller adds ReadyForQuery.
+    pub fn answer_into(&self, out: &mut Vec<u8>, prefix: &[u8], describe: bool) {
+        out.extend_from_slice(prefix);
+        if let Some(d) = self.description.as_ref().filter(|_| describe) {
+            out.extend_from_slice(d);
+        }
+        out.extend_from_slice(&self.rows);
+    }
+
     fn weight(&self, key_len: usize) -> u64 {
         (key_len
             + self.rows.len()

@@ -21,14 +21,10 @@ use super::messages::{
 };
 use super::{Action, CacheSession, Capture, Directive, Link};
 use crate::cache::catalog;
-use crate::cache::flight::{self, Flight};
+use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
 use crate::client::relay::{refill_position, PumpError, RelayState};
 use crate::shared::Shared;
-
-/// Longest a miss waits for another session running the same query (single flight) before
-/// running it itself.
-const FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// BindComplete, as a hit answers a Bind.
 const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
@@ -402,31 +398,18 @@ impl Requests<'_> {
             let mut bytes = Vec::with_capacity(
                 prefix.len() + entry.rows.len() + entry.description.as_ref().map_or(0, Bytes::len),
             );
-            bytes.extend_from_slice(prefix);
-            if let Some(d) = entry.description.as_ref().filter(|_| describe) {
-                bytes.extend_from_slice(d);
-            }
-            bytes.extend_from_slice(&entry.rows);
+            entry.answer_into(&mut bytes, prefix, describe);
             self.request_sent(Effects::default(), Action::Hit(bytes), true, Vec::new());
         } else {
             let out = &mut self.session.out;
             out.clear();
-            out.extend_from_slice(prefix);
-            if let Some(d) = entry.description.as_ref().filter(|_| describe) {
-                out.extend_from_slice(d);
-            }
-            out.extend_from_slice(&entry.rows);
+            entry.answer_into(out, prefix, describe);
             out.extend_from_slice(&[b'Z', 0, 0, 0, 5, status.as_byte()]);
             let mut w = client.lock().await;
             w.write_all(out).await.map_err(PumpError::Client)?;
             w.flush().await.map_err(PumpError::Client)?;
         }
-        cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-        cache
-            .stats
-            .saved_micros
-            .fetch_add(entry.miss_micros, Ordering::Relaxed);
-        entry.query.hit(entry.miss_micros);
+        cache.stats.served(&entry);
         Ok(true)
     }
 
@@ -549,12 +532,7 @@ impl Requests<'_> {
                 Ok(Some(capture))
             }
             Flight::Follower(done) => {
-                flight::wait(done, FLIGHT_WAIT).await;
-                self.shared
-                    .cache
-                    .stats
-                    .flight_waits
-                    .fetch_add(1, Ordering::Relaxed);
+                self.shared.cache.wait_for_flight(done).await;
                 self.session.key.clear();
                 self.session.key.extend_from_slice(&capture.key);
                 // Single flight happens at a boundary: answer directly.

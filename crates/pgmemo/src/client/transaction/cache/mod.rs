@@ -37,9 +37,6 @@ use crate::pool::settings::sync_sql;
 use crate::pool::{ServerConn, ServerError};
 use crate::shared::Shared;
 
-/// Longest a miss waits (detached) for another session running the same query.
-const FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
 const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
 const PARSE_AND_BIND_COMPLETE: &[u8] = b"1\0\0\0\x042\0\0\0\x04";
 const READY_IDLE: &[u8] = b"Z\0\0\0\x05I";
@@ -201,7 +198,7 @@ impl TxnCache {
         if self.usable().is_err() || self.context(state).is_none() {
             return Detached::Attach(Some(request));
         }
-        if let Some(bytes) = self.hit(&request, state) {
+        if let Some(bytes) = self.hit(&request, state, TransactionStatus::Idle) {
             self.consume(buf, &request, state);
             return Detached::Answered(bytes);
         }
@@ -257,13 +254,8 @@ impl TxnCache {
                 None
             }
             Flight::Follower(done) => {
-                flight::wait(done, FLIGHT_WAIT).await;
-                self.shared
-                    .cache
-                    .stats
-                    .flight_waits
-                    .fetch_add(1, Ordering::Relaxed);
-                let bytes = self.hit(request, state)?;
+                self.shared.cache.wait_for_flight(done).await;
+                let bytes = self.hit(request, state, TransactionStatus::Idle)?;
                 self.consume(buf, request, state);
                 Some(bytes)
             }
@@ -299,7 +291,7 @@ impl TxnCache {
         }
         let usable = self.usable();
         if usable.is_ok() && !had_context {
-            if let Some(bytes) = self.hit(&request, state) {
+            if let Some(bytes) = self.hit(&request, state, TransactionStatus::Idle) {
                 self.consume(buf, &request, state);
                 return Some(bytes);
             }

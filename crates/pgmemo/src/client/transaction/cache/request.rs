@@ -1,14 +1,14 @@
 //! The detached client's request as the cache reads it: its shape, its key, its statement
 //! text (only on a miss), and its answer from the store.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
+use wire::backend::TransactionStatus;
 use wire::FrameHeader;
 
-use super::{TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE, READY_IDLE};
+use super::{TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
 use crate::client::cached::messages::{
     bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, short_batch,
     Batch,
@@ -150,8 +150,13 @@ impl TxnCache {
         Some(())
     }
 
-    /// The answer to `request` from the store, with its ReadyForQuery.
-    pub(super) fn hit(&mut self, request: &Request, state: &ClientState) -> Option<Vec<u8>> {
+    /// The answer to `request` from the store, with ReadyForQuery(`status`).
+    pub(super) fn hit(
+        &mut self,
+        request: &Request,
+        state: &ClientState,
+        status: TransactionStatus,
+    ) -> Option<Vec<u8>> {
         self.make_key(request, state)?;
         let cache = &self.shared.cache;
         let entry = cache.store.get(&self.key)?;
@@ -174,18 +179,9 @@ impl TxnCache {
         }
         let out = &mut self.out;
         out.clear();
-        out.extend_from_slice(prefix);
-        if let Some(d) = entry.description.as_ref().filter(|_| describe) {
-            out.extend_from_slice(d);
-        }
-        out.extend_from_slice(&entry.rows);
-        out.extend_from_slice(READY_IDLE);
-        cache.stats.hits.fetch_add(1, Ordering::Relaxed);
-        cache
-            .stats
-            .saved_micros
-            .fetch_add(entry.miss_micros, Ordering::Relaxed);
-        entry.query.hit(entry.miss_micros);
+        entry.answer_into(out, prefix, describe);
+        out.extend_from_slice(&[b'Z', 0, 0, 0, 5, status.as_byte()]);
+        cache.stats.served(&entry);
         Some(std::mem::take(out))
     }
 
@@ -266,9 +262,7 @@ impl TxnCache {
             kind: Kind::Query,
             time_word: false,
         };
-        let mut answer = self.hit(&request, state)?;
-        let status = answer.len() - 1;
-        answer[status] = b'T';
+        let answer = self.hit(&request, state, TransactionStatus::InTransaction)?;
         let bytes = Bytes::copy_from_slice(&answer);
         self.recycle(answer);
         Some(bytes)
