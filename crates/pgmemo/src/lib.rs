@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cancel;
 pub mod client;
 pub mod config;
+pub mod hash;
 pub mod invalidate;
 pub mod metrics;
 pub mod net;

@@ -24,71 +24,78 @@ pub struct Shape {
 
 /// Computes the shape of `sql`. `standard_conforming_strings` tells how backslashes in plain
 /// string literals are read, as the session would.
+///
+/// Every miss of a simple query computes a shape, so text between literals and comments is
+/// copied in runs rather than token by token, and nothing is allocated beyond the result.
 pub fn shape(sql: &str, standard_conforming_strings: bool) -> Shape {
     let b = sql.as_bytes();
     let mut out = String::with_capacity(sql.len());
     let mut time_literal = false;
     let mut hints = Vec::new();
     let mut i = 0;
+    // `sql[copied..i]` is kept verbatim and not written to `out` yet. Both always sit on an
+    // ASCII byte or at the end: runs end before a special ASCII byte or after a token.
+    let mut copied = 0;
     let mut last_word_end = usize::MAX;
     while i < b.len() {
         let c = b[i];
         match c {
             b'-' if b.get(i + 1) == Some(&b'-') => {
+                out.push_str(&sql[copied..i]);
                 let end = find_byte(b, i, b'\n').unwrap_or(b.len());
                 note_hint(&sql[i..end], &mut hints);
                 out.push(' ');
                 i = end;
+                copied = end;
             }
             b'/' if b.get(i + 1) == Some(&b'*') => {
+                out.push_str(&sql[copied..i]);
                 let end = block_comment_end(b, i);
                 note_hint(&sql[i..end], &mut hints);
                 out.push(' ');
                 i = end;
+                copied = end;
             }
             b'\'' => {
+                out.push_str(&sql[copied..i]);
                 let escape = !standard_conforming_strings
                     || (last_word_end == i && ends_with_escape_prefix(&out));
-                let (end, value) = string_end(b, i + 1, escape);
-                time_literal |= is_time_word(&value);
+                let (end, body_end) = string_end(b, i + 1, escape);
+                time_literal |= is_time_word(&b[i + 1..body_end]);
                 out.push('?');
                 i = end;
+                copied = end;
             }
-            b'"' => {
-                let end = quoted_identifier_end(b, i + 1);
-                out.push_str(&sql[i..end]);
-                i = end;
-            }
+            b'"' => i = quoted_identifier_end(b, i + 1),
             b'$' if dollar_tag(b, i).is_some() => {
+                out.push_str(&sql[copied..i]);
                 let tag_len = dollar_tag(b, i).unwrap_or(1);
                 let tag = &b[i..i + tag_len];
                 let body_start = i + tag_len;
                 let end = find_slice(b, body_start, tag).map_or(b.len(), |p| p + tag_len);
                 let body_end = end.saturating_sub(tag_len).max(body_start);
-                time_literal |= is_time_word(&sql[body_start..body_end]);
+                time_literal |= is_time_word(&b[body_start..body_end]);
                 out.push('?');
                 i = end;
+                copied = end;
             }
             b'0'..=b'9' | b'.' if last_word_end != i && starts_number(b, i) => {
+                out.push_str(&sql[copied..i]);
                 i = number_end(b, i);
                 out.push('?');
+                copied = i;
             }
             _ if is_word_byte(c) => {
-                let start = i;
                 while i < b.len() && is_word_byte(b[i]) {
                     i += 1;
                 }
-                out.push_str(&sql[start..i]);
                 last_word_end = i;
-                continue;
             }
-            _ => {
-                let ch = sql[i..].chars().next().unwrap_or(' ');
-                out.push(ch);
-                i += ch.len_utf8();
-            }
+            // Every other byte is ASCII (bytes >= 0x80 belong to words) and kept.
+            _ => i += 1,
         }
     }
+    out.push_str(&sql[copied..]);
     Shape {
         text: out,
         time_literal,
@@ -116,12 +123,16 @@ fn note_hint(comment: &str, hints: &mut Vec<String>) {
     }
 }
 
-fn is_time_word(value: &str) -> bool {
-    let v = value.trim().to_ascii_lowercase();
-    // Also catches `'now'::timestamp` spelled with extra words, e.g. 'today 10:00'.
-    ["now", "today", "tomorrow", "yesterday"]
-        .iter()
-        .any(|w| v == *w || v.starts_with(&format!("{w} ")))
+/// Whether a literal's text (as written) is one of the special time inputs, alone or followed
+/// by more words (`'today 10:00'`), ignoring case and surrounding blanks.
+fn is_time_word(value: &[u8]) -> bool {
+    let v = value.trim_ascii();
+    ["now", "today", "tomorrow", "yesterday"].iter().any(|w| {
+        let w = w.as_bytes();
+        v.len() >= w.len()
+            && v[..w.len()].eq_ignore_ascii_case(w)
+            && (v.len() == w.len() || v[w.len()] == b' ')
+    })
 }
 
 fn find_byte(b: &[u8], from: usize, needle: u8) -> Option<usize> {
@@ -161,28 +172,18 @@ fn block_comment_end(b: &[u8], mut i: usize) -> usize {
     b.len()
 }
 
-/// End (exclusive) of a string literal whose body starts at `i`, and its value (escapes kept
-/// as written apart from doubled quotes, which is enough to recognise the time words).
-fn string_end(b: &[u8], mut i: usize, backslash_escapes: bool) -> (usize, String) {
-    let mut value = Vec::new();
+/// End (exclusive) of a string literal whose body starts at `i` (just past its closing quote,
+/// or the end of the text when it is not closed), and the end of its body.
+fn string_end(b: &[u8], mut i: usize, backslash_escapes: bool) -> (usize, usize) {
     while i < b.len() {
         match b[i] {
-            b'\\' if backslash_escapes => {
-                value.extend_from_slice(&b[i..(i + 2).min(b.len())]);
-                i += 2;
-            }
-            b'\'' if b.get(i + 1) == Some(&b'\'') => {
-                value.push(b'\'');
-                i += 2;
-            }
-            b'\'' => return (i + 1, String::from_utf8_lossy(&value).into_owned()),
-            c => {
-                value.push(c);
-                i += 1;
-            }
+            b'\\' if backslash_escapes => i += 2,
+            b'\'' if b.get(i + 1) == Some(&b'\'') => i += 2,
+            b'\'' => return (i + 1, i),
+            _ => i += 1,
         }
     }
-    (b.len(), String::from_utf8_lossy(&value).into_owned())
+    (b.len(), b.len())
 }
 
 fn quoted_identifier_end(b: &[u8], mut i: usize) -> usize {

@@ -24,10 +24,9 @@ pub fn explain_cache(shared: &Shared, sql: &str) -> Table {
         "shape",
     ]);
     let shape = sql::shape(sql, true);
-    let hints = shape.hints.join("");
     let mut found = false;
     for db in shared.cache.databases() {
-        for (ctx_id, p) in db.plans_for_shape(&hints, &shape.text) {
+        for (ctx_id, p) in db.plans_for_shape(&shape.hints, &shape.text) {
             found = true;
             let role = db.contexts.by_id(ctx_id).map(|c| c.role().to_owned());
             t.row(row(

@@ -7,8 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use super::flight::FlightGuard;
 use super::generation::Snapshot;
 use super::plan::{ReadPlan, Refusal};
@@ -58,23 +56,31 @@ impl Capture {
     }
 }
 
-/// A response being captured.
+/// A scratch buffer kept for the next capture is dropped instead when a large result grew it
+/// beyond this, so an idle session does not hold on to it.
+const KEEP_SCRATCH: usize = 64 * 1024;
+
+/// A response being captured, into a buffer the pump lends (and gets back from
+/// [`Filling::finish`]), so a capture neither allocates nor grows a buffer of its own: the
+/// only copy made is the stored entry's, of exactly its size.
 pub struct Filling {
     capture: Box<Capture>,
-    description: Option<Bytes>,
-    rows: Vec<u8>,
+    /// The response so far: the RowDescription, if any, then DataRows and CommandComplete.
+    bytes: Vec<u8>,
+    description_len: usize,
     completes: usize,
     ok: bool,
     error: bool,
 }
 
 impl Filling {
-    /// Starts recording the response of `capture`'s request.
-    pub fn new(capture: Box<Capture>) -> Filling {
+    /// Starts recording the response of `capture`'s request into `scratch` (cleared).
+    pub fn new(capture: Box<Capture>, mut scratch: Vec<u8>) -> Filling {
+        scratch.clear();
         Filling {
             capture,
-            description: None,
-            rows: Vec::new(),
+            bytes: scratch,
+            description_len: 0,
             completes: 0,
             ok: true,
             error: false,
@@ -90,13 +96,15 @@ impl Filling {
             return;
         }
         match tag {
-            b'T' if self.description.is_none() => {
-                self.description = Some(Bytes::copy_from_slice(frame));
+            // One RowDescription, ahead of the rows.
+            b'T' if self.bytes.is_empty() => {
+                self.bytes.extend_from_slice(frame);
+                self.description_len = frame.len();
             }
-            b'D' => self.rows.extend_from_slice(frame),
+            b'D' => self.bytes.extend_from_slice(frame),
             b'C' => {
                 self.completes += 1;
-                self.rows.extend_from_slice(frame);
+                self.bytes.extend_from_slice(frame);
             }
             // ParseComplete, BindComplete, NoData: the hit path writes its own.
             b'1' | b'2' | b'n' => {}
@@ -104,9 +112,7 @@ impl Filling {
             // response is not what a later identical request would get.
             _ => self.abort(),
         }
-        if self.rows.len() + self.description.as_ref().map_or(0, Bytes::len)
-            > self.capture.max_bytes
-        {
+        if self.bytes.len() > self.capture.max_bytes {
             self.abort();
         }
     }
@@ -114,12 +120,15 @@ impl Filling {
     /// Gives up on storing this response (it streams on to the client untouched).
     pub fn abort(&mut self) {
         self.ok = false;
-        self.rows = Vec::new();
+        self.bytes.clear();
+        if self.bytes.capacity() > KEEP_SCRATCH {
+            self.bytes = Vec::new();
+        }
     }
 
     /// Whether an incoming frame of `len` bytes still fits.
     pub fn fits(&self, len: usize) -> bool {
-        self.ok && self.rows.len() + len <= self.capture.max_bytes
+        self.ok && self.bytes.len() + len <= self.capture.max_bytes
     }
 
     /// Whether the response is still being recorded.
@@ -129,49 +138,62 @@ impl Filling {
 
     /// The response ended (its ReadyForQuery arrived; `error`: the server reported one):
     /// stores it if it is one clean result and no write committed since the request began.
-    pub fn finish(self, error: bool, cache: &Cache, upstream_time: &crate::metrics::Histogram) {
+    /// Returns the scratch buffer, emptied, for the next capture.
+    pub fn finish(
+        self,
+        error: bool,
+        cache: &Cache,
+        upstream_time: &crate::metrics::Histogram,
+    ) -> Vec<u8> {
         let micros = self.capture.started.elapsed().as_micros() as u64;
         self.capture.query.timed(micros);
         upstream_time.observe(micros);
-        if !self.ok {
+        let store = if !self.ok {
             cache.stats.refused(Refusal::NotStored);
-            return;
-        }
-        if error || self.error || self.completes != 1 {
-            return;
-        }
-        if !self.capture.snapshot.is_fresh() {
+            false
+        } else if error || self.error || self.completes != 1 {
+            false
+        } else if !self.capture.snapshot.is_fresh() {
             cache.stats.stale_fills.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
+            false
+        } else {
+            true
+        };
         let Filling {
             capture,
-            description,
-            rows,
+            bytes: mut scratch,
+            description_len,
             ..
         } = self;
-        let Capture {
-            key,
-            snapshot,
-            ttl,
-            query,
-            flight,
-            ..
-        } = *capture;
-        for t in snapshot.tables() {
-            t.fills.fetch_add(1, Ordering::Relaxed);
+        if store {
+            let Capture {
+                key,
+                snapshot,
+                ttl,
+                query,
+                flight,
+                ..
+            } = *capture;
+            for t in snapshot.tables() {
+                t.fills.fetch_add(1, Ordering::Relaxed);
+            }
+            let entry = Entry::new(
+                Box::from(&scratch[..]),
+                description_len,
+                snapshot,
+                ttl.map(|d| Instant::now() + d),
+                query,
+                micros,
+            );
+            cache.store.insert(key, Arc::new(entry));
+            cache.stats.stores.fetch_add(1, Ordering::Relaxed);
+            // Waiting sessions look again only now that the entry is there.
+            drop(flight);
         }
-        let entry = Entry {
-            description,
-            rows: Bytes::from(rows),
-            snapshot,
-            expires: ttl.map(|d| Instant::now() + d),
-            query,
-            miss_micros: micros,
-        };
-        cache.store.insert(key, Arc::new(entry));
-        cache.stats.stores.fetch_add(1, Ordering::Relaxed);
-        // Waiting sessions look again only now that the entry is there.
-        drop(flight);
+        scratch.clear();
+        if scratch.capacity() > KEEP_SCRATCH {
+            scratch = Vec::new();
+        }
+        scratch
     }
 }

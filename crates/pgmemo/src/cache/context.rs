@@ -2,9 +2,10 @@
 //! whose role and output-relevant settings are equal share one interned context, whose id
 //! prefixes their keys, so a hit builds its key without serializing any setting.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::hash::Map;
 
 /// Settings that change the bytes PostgreSQL returns for the same statement (or how it resolves
 /// names), read with `current_setting` when a session starts and after anything that may
@@ -35,19 +36,22 @@ pub const KEY_SETTINGS: &[&str] = &[
 /// the session's temporary schema when it holds relations. A session with temporary tables can
 /// read different relations under the same names and settings as another, so it never shares a
 /// context (nor, therefore, a result) with any other session.
-pub fn context_query() -> String {
-    let mut q = String::from("/* pgmemo session context */ SELECT current_user, session_user");
-    for s in KEY_SETTINGS {
-        q.push_str(", pg_catalog.current_setting('");
-        q.push_str(s);
-        q.push_str("')");
-    }
-    q.push_str(
-        ", CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class \
-         WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
-         THEN pg_catalog.pg_my_temp_schema()::text ELSE '' END",
-    );
-    q
+pub fn context_query() -> &'static str {
+    static QUERY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    QUERY.get_or_init(|| {
+        let mut q = String::from("/* pgmemo session context */ SELECT current_user, session_user");
+        for s in KEY_SETTINGS {
+            q.push_str(", pg_catalog.current_setting('");
+            q.push_str(s);
+            q.push_str("')");
+        }
+        q.push_str(
+            ", CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class \
+             WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
+             THEN pg_catalog.pg_my_temp_schema()::text ELSE '' END",
+        );
+        q
+    })
 }
 
 /// A session context: role and key settings, interned.
@@ -89,7 +93,7 @@ impl Context {
 #[derive(Debug, Default)]
 pub struct Contexts {
     next: AtomicU64,
-    known: Mutex<HashMap<Vec<String>, Arc<Context>>>,
+    known: Mutex<Map<Vec<String>, Arc<Context>>>,
 }
 
 impl Contexts {

@@ -2,11 +2,12 @@
 //! upstream and stores the result while the others wait for it and then hit, instead of every
 //! one of them running the same (possibly expensive) query.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+use crate::hash::Map;
 
 /// Longest a miss waits for another session running the same query before running it itself.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
@@ -14,7 +15,7 @@ pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
 /// The keys being filled right now.
 #[derive(Debug, Default)]
 pub struct Flights {
-    running: Mutex<HashMap<Box<[u8]>, watch::Receiver<()>>>,
+    running: Mutex<Map<Box<[u8]>, watch::Receiver<()>>>,
 }
 
 /// What a session that missed should do.

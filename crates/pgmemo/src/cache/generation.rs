@@ -5,9 +5,10 @@
 //! Invalidation is therefore O(tables written), whatever the number of entries, and a hit checks
 //! a handful of atomics without any map lookup or lock.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::hash::Map;
 
 /// The generation of one relation (by OID) of one database.
 #[derive(Debug)]
@@ -34,7 +35,7 @@ impl TableGeneration {
 #[derive(Debug, Default)]
 pub struct Generations {
     database: Arc<AtomicU64>,
-    tables: Mutex<HashMap<u32, Arc<TableGeneration>>>,
+    tables: Mutex<Map<u32, Arc<TableGeneration>>>,
 }
 
 /// A snapshot of the generations a result depends on, taken before its query went upstream.

@@ -22,7 +22,6 @@ pub mod planner;
 pub mod stats;
 pub mod store;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -31,6 +30,8 @@ use generation::Generations;
 use plan::Plan;
 use stats::{CacheStats, QueryRegistry};
 use store::Store;
+
+use crate::hash::Map;
 
 /// Most memoized plans per database before the memo starts over.
 const MAX_PLANS: usize = 20_000;
@@ -49,15 +50,16 @@ pub struct DatabaseCache {
     pub contexts: Contexts,
     /// Whether the replication feed lets this database's cache serve (doctrine rule 5).
     pub feed: feed::FeedGate,
-    plans: Mutex<HashMap<String, Arc<Plan>>>,
+    /// Memoized plans by [`plan_memo_key`].
+    plans: Mutex<Map<Vec<u8>, Arc<Plan>>>,
     /// Bumped whenever the memo is dropped, so plans a session keeps for its prepared
     /// statements are dropped too.
     plans_epoch: std::sync::atomic::AtomicU64,
 }
 
 impl DatabaseCache {
-    /// The memoized plan for a shape key.
-    pub fn plan(&self, key: &str) -> Option<Arc<Plan>> {
+    /// The memoized plan for a key made by [`plan_memo_key`].
+    pub fn plan(&self, key: &[u8]) -> Option<Arc<Plan>> {
         self.plans
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -66,7 +68,7 @@ impl DatabaseCache {
     }
 
     /// Memoizes a plan.
-    pub fn remember(&self, key: String, plan: Arc<Plan>) {
+    pub fn remember(&self, key: Vec<u8>, plan: Arc<Plan>) {
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         if plans.len() >= MAX_PLANS {
             plans.clear();
@@ -75,14 +77,15 @@ impl DatabaseCache {
     }
 
     /// The memoized plans of a shape, per session context id (for `EXPLAIN CACHE`).
-    pub fn plans_for_shape(&self, hints: &str, shape: &str) -> Vec<(u64, Arc<Plan>)> {
-        let suffix = format!("\0{hints}\0{shape}");
+    pub fn plans_for_shape(&self, hints: &[String], shape: &str) -> Vec<(u64, Arc<Plan>)> {
+        let suffix = plan_memo_key(0, hints, shape);
+        let suffix = &suffix[8..];
         let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         let mut v: Vec<(u64, Arc<Plan>)> = plans
             .iter()
             .filter_map(|(k, p)| {
-                let ctx = k.strip_suffix(&suffix)?;
-                Some((ctx.parse().ok()?, Arc::clone(p)))
+                let ctx = k.strip_suffix(suffix)?;
+                Some((u64::from_le_bytes(ctx.try_into().ok()?), Arc::clone(p)))
             })
             .collect();
         v.sort_by_key(|(ctx, _)| *ctx);
@@ -102,6 +105,21 @@ impl DatabaseCache {
     }
 }
 
+/// The memo key of a statement shape planned in session context `context_id`: the context,
+/// the hint comments (the shape drops comments, hints change the plan) and the shape. Built
+/// without formatting: every miss of a simple query looks its plan up.
+pub fn plan_memo_key(context_id: u64, hints: &[String], shape: &str) -> Vec<u8> {
+    let hints_len: usize = hints.iter().map(String::len).sum();
+    let mut key = Vec::with_capacity(9 + hints_len + shape.len());
+    key.extend_from_slice(&context_id.to_le_bytes());
+    for h in hints {
+        key.extend_from_slice(h.as_bytes());
+    }
+    key.push(0);
+    key.extend_from_slice(shape.as_bytes());
+    key
+}
+
 /// The process-wide cache.
 pub struct Cache {
     pub store: Store,
@@ -109,7 +127,7 @@ pub struct Cache {
     pub queries: QueryRegistry,
     /// Keys being filled now (single flight).
     pub flights: Arc<flight::Flights>,
-    databases: Mutex<HashMap<String, Arc<DatabaseCache>>>,
+    databases: Mutex<Map<String, Arc<DatabaseCache>>>,
     next_database: AtomicU32,
     /// Told about every database when it is first used, so the replication feed can follow
     /// it (set once at start when a feed is wanted).
@@ -131,7 +149,7 @@ impl Cache {
             stats: CacheStats::default(),
             queries: QueryRegistry::default(),
             flights: Arc::default(),
-            databases: Mutex::new(HashMap::new()),
+            databases: Mutex::new(Map::default()),
             next_database: AtomicU32::new(0),
             new_databases: std::sync::OnceLock::new(),
         }
@@ -167,7 +185,7 @@ impl Cache {
             generations: Generations::default(),
             contexts: Contexts::default(),
             feed: feed::FeedGate::default(),
-            plans: Mutex::new(HashMap::new()),
+            plans: Mutex::new(Map::default()),
             plans_epoch: std::sync::atomic::AtomicU64::new(0),
         });
         dbs.insert(name.to_owned(), Arc::clone(&db));

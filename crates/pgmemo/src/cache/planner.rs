@@ -75,12 +75,7 @@ pub async fn plan<C: Catalog>(
     catalog: Option<&mut C>,
 ) -> Result<(Arc<Plan>, bool), C::Error> {
     let shape = sql::shape(text, p.standard_conforming_strings);
-    let memo_key = format!(
-        "{}\0{}\0{}",
-        p.context_id.unwrap_or(0),
-        shape.hints.join(""),
-        shape.text
-    );
+    let memo_key = super::plan_memo_key(p.context_id.unwrap_or(0), &shape.hints, &shape.text);
     if p.context_id.is_some() {
         if let Some(plan) = p.db.plan(&memo_key) {
             return Ok((plan, shape.time_literal));

@@ -2,11 +2,12 @@
 //! and per-statement figures for `SHOW QUERIES`. Atomics only on the hit path; the statement
 //! registry is locked on a miss, never on a hit (entries hold their statement's counters).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::plan::Refusal;
+
+use crate::hash::Map;
 
 /// Most statements `SHOW QUERIES` keeps; past it new statements are not tracked.
 const MAX_TRACKED_QUERIES: usize = 5000;
@@ -151,7 +152,7 @@ impl QueryStats {
 /// The per-statement registry.
 #[derive(Debug, Default)]
 pub struct QueryRegistry {
-    queries: Mutex<HashMap<String, Arc<QueryStats>>>,
+    queries: Mutex<Map<String, Arc<QueryStats>>>,
     /// Shared by every statement past the tracking limit.
     overflow: std::sync::OnceLock<Arc<QueryStats>>,
 }

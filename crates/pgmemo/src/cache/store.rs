@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use quick_cache::sync::Cache as QuickCache;
 use quick_cache::{Lifecycle, Weighter};
 
@@ -20,11 +19,12 @@ pub const ENTRY_OVERHEAD: usize = 160;
 /// One cached result.
 #[derive(Debug)]
 pub struct Entry {
-    /// RowDescription as sent for this request (result formats are part of the key), when the
-    /// request that filled the entry asked for it.
-    pub description: Option<Bytes>,
-    /// DataRows and the CommandComplete, back to back.
-    pub rows: Bytes,
+    /// The response as PostgreSQL sent it, in one allocation: the RowDescription (when the
+    /// request that filled the entry asked for it; result formats are part of the key), then
+    /// the DataRows and the CommandComplete.
+    payload: Box<[u8]>,
+    /// Length of the RowDescription at the front of `payload` (0: none).
+    description_len: usize,
     /// Generations of the tables the result was read from.
     pub snapshot: Snapshot,
     /// When the entry stops being served (TTL), if ever.
@@ -36,29 +36,55 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// An entry holding `payload`, whose first `description_len` bytes are a RowDescription.
+    pub fn new(
+        payload: Box<[u8]>,
+        description_len: usize,
+        snapshot: Snapshot,
+        expires: Option<Instant>,
+        query: Arc<QueryStats>,
+        miss_micros: u64,
+    ) -> Entry {
+        Entry {
+            description_len: description_len.min(payload.len()),
+            payload,
+            snapshot,
+            expires,
+            query,
+            miss_micros,
+        }
+    }
+
     /// Whether the entry may be served now.
     #[inline]
     pub fn is_servable(&self, now: impl FnOnce() -> Instant) -> bool {
         self.snapshot.is_fresh() && self.expires.is_none_or(|at| now() < at)
     }
 
+    /// Whether the entry can answer a request with a Describe (it holds a RowDescription).
+    #[inline]
+    pub fn has_description(&self) -> bool {
+        self.description_len > 0
+    }
+
     /// Appends the answer to a request this entry serves: `prefix` (what pgmemo answers for the
     /// request's Parse and Bind), the RowDescription when the request has a Describe, then the
     /// rows and CommandComplete. The caller adds ReadyForQuery.
+    #[inline]
     pub fn answer_into(&self, out: &mut Vec<u8>, prefix: &[u8], describe: bool) {
+        let from = if describe { 0 } else { self.description_len };
+        out.reserve(prefix.len() + self.payload.len() - from + 6);
         out.extend_from_slice(prefix);
-        if let Some(d) = self.description.as_ref().filter(|_| describe) {
-            out.extend_from_slice(d);
-        }
-        out.extend_from_slice(&self.rows);
+        out.extend_from_slice(&self.payload[from..]);
+    }
+
+    /// Bytes of the result held (RowDescription included).
+    pub fn payload_len(&self) -> usize {
+        self.payload.len()
     }
 
     fn weight(&self, key_len: usize) -> u64 {
-        (key_len
-            + self.rows.len()
-            + self.description.as_ref().map_or(0, Bytes::len)
-            + ENTRY_OVERHEAD
-            + self.snapshot.tables().count() * 16) as u64
+        (key_len + self.payload.len() + ENTRY_OVERHEAD + self.snapshot.tables().count() * 16) as u64
     }
 }
 

@@ -6,11 +6,12 @@
 //! `max_prepared_statements`). Two clients may then both call their statement "s1" while a
 //! server holds one `pgmemo_7` for each distinct text.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
+
+use crate::hash::Map;
 
 /// How a statement's parameter types were given: OIDs in a protocol-level Parse, or type
 /// names as SQL text in `PREPARE name (types) AS ...`. The two never share a server-side
@@ -57,7 +58,7 @@ pub enum StatementSource {
 /// prepared is forgotten.
 #[derive(Default)]
 pub struct StatementRegistry {
-    statements: Mutex<HashMap<StatementKey, Weak<PreparedStatement>>>,
+    statements: Mutex<Map<StatementKey, Weak<PreparedStatement>>>,
     next_id: AtomicU64,
     /// Live-entry count at the last sweep of dead entries: the map is swept when it doubles.
     swept_at: AtomicU64,
@@ -120,7 +121,7 @@ impl StatementRegistry {
 /// The statements one server connection has prepared, with use counters for `SHOW SERVERS`.
 #[derive(Default)]
 pub struct ServerStatements {
-    prepared: HashMap<u64, (Arc<PreparedStatement>, u64)>,
+    prepared: Map<u64, (Arc<PreparedStatement>, u64)>,
     clock: u64,
     /// Uses of a statement the server already had.
     pub hits: u64,

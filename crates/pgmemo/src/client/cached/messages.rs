@@ -12,6 +12,19 @@ const MAX_BATCH: usize = 1 << 20;
 /// `SET [SESSION] pgmemo.cache {=|TO} {on|off|default}` (and `RESET pgmemo.cache`): the
 /// session's own cache switch, answered by pgmemo.
 pub(crate) fn session_switch(text: &[u8]) -> Option<bool> {
+    // Every simple query passes here, hits included: reject anything that is not a SET or
+    // RESET naming pgmemo without allocating.
+    let start = text.iter().position(|c| !c.is_ascii_whitespace())?;
+    let first = &text[start..];
+    let verb = first
+        .get(..3)
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"set"))
+        || first
+            .get(..5)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"reset"));
+    if !verb || !text.windows(6).any(|w| w.eq_ignore_ascii_case(b"pgmemo")) {
+        return None;
+    }
     let text = std::str::from_utf8(text)
         .ok()?
         .trim()
@@ -72,8 +85,9 @@ pub(crate) fn scan_batch(buf: &[u8], max: usize) -> Batch {
     }
 }
 
-pub(crate) fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
-    let mut v = Vec::new();
+/// The frames of a whole batch, into `v` (cleared first; a buffer the caller reuses).
+pub(crate) fn split_frames(bytes: &[u8], v: &mut Vec<std::ops::Range<usize>>) {
+    v.clear();
     let mut pos = 0;
     while let Ok(Some(h)) = FrameHeader::peek(&bytes[pos..], usize::MAX) {
         if bytes.len() - pos < h.frame_len {
@@ -82,7 +96,6 @@ pub(crate) fn split_frames(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
         v.push(pos..pos + h.frame_len);
         pos += h.frame_len;
     }
-    v
 }
 
 /// The frames of a batch of at most five messages (the longest cacheable form), without
@@ -219,6 +232,10 @@ mod tests {
         assert_eq!(session_switch(b"set pgmemo.cache=off"), Some(false));
         assert_eq!(session_switch(b"RESET pgmemo.cache"), Some(true));
         assert_eq!(session_switch(b"set search_path = x"), None);
+        assert_eq!(session_switch(b"  \n Set pgmemo.cache TO off"), Some(false));
+        assert_eq!(session_switch(b"select 'set pgmemo.cache = off'"), None);
+        assert_eq!(session_switch(b"settle"), None);
+        assert_eq!(session_switch(b""), None);
     }
 
     fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
@@ -244,7 +261,8 @@ mod tests {
 
     fn batch(parts: &[Vec<u8>]) -> (Vec<u8>, Vec<std::ops::Range<usize>>) {
         let bytes = parts.concat();
-        let frames = split_frames(&bytes);
+        let mut frames = Vec::new();
+        split_frames(&bytes, &mut frames);
         (bytes, frames)
     }
 

@@ -5,7 +5,6 @@
 //! Pipelined requests (sent before the previous answer arrived) are forwarded as they are:
 //! their effects are still tracked, but they are neither served nor stored.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,6 +23,8 @@ use crate::cache::catalog;
 use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
 use crate::client::relay::{refill_position, PumpError, RelayState};
+use crate::config::Config;
+use crate::hash::Map;
 use crate::shared::Shared;
 
 /// BindComplete, as a hit answers a Bind.
@@ -52,10 +53,12 @@ pub(crate) struct Requests<'a> {
 struct Pump {
     copy_left: usize,
     syncs_since_request: u64,
-    portals: HashMap<Bytes, Bytes>,
+    portals: Map<Bytes, Bytes>,
     batch_effects: Effects,
     /// Confirmation flags of the Parses sent since the last request was noted.
     parses: Vec<Arc<AtomicBool>>,
+    /// Reused for the frame boundaries of each batch.
+    frames: Vec<std::ops::Range<usize>>,
 }
 
 impl Requests<'_> {
@@ -262,8 +265,7 @@ impl Requests<'_> {
     }
 
     /// Whether results may be served and stored right now (at a boundary, status `status`).
-    fn usable(&self, status: TransactionStatus) -> Result<(), Refusal> {
-        let config = self.shared.config();
+    fn usable(&self, status: TransactionStatus, config: &Config) -> Result<(), Refusal> {
         if !config.cache.is_on() {
             return Err(Refusal::CacheOff);
         }
@@ -350,7 +352,7 @@ impl Requests<'_> {
         }
         self.link.context_stale.store(false, Ordering::Relaxed);
         let rows = self
-            .ask(server, &crate::cache::context::context_query())
+            .ask(server, crate::cache::context::context_query())
             .await?;
         self.session.context = match rows.and_then(|r| r.into_iter().next()) {
             Some(row) => {
@@ -390,14 +392,12 @@ impl Requests<'_> {
         let Some(entry) = cache.store.get(&self.session.key) else {
             return Ok(false);
         };
-        if !entry.is_servable(Instant::now) || (describe && entry.description.is_none()) {
+        if !entry.is_servable(Instant::now) || (describe && !entry.has_description()) {
             return Ok(false);
         }
         if pipelined {
             // Pipelined: the server pump answers it in order, after the responses before it.
-            let mut bytes = Vec::with_capacity(
-                prefix.len() + entry.rows.len() + entry.description.as_ref().map_or(0, Bytes::len),
-            );
+            let mut bytes = Vec::new();
             entry.answer_into(&mut bytes, prefix, describe);
             self.request_sent(Effects::default(), Action::Hit(bytes), true, Vec::new());
         } else {
@@ -442,13 +442,17 @@ impl Requests<'_> {
                 return Ok(());
             }
         }
+        let config = self.shared.config();
         let usable = if at_boundary {
-            self.usable(status)
+            self.usable(status, &config)
         } else {
             Err(Refusal::Pipelined)
         };
         let may_hit = usable.is_ok()
-            || (!at_boundary && self.pipelined_hit_allowed(status) && self.usable(status).is_ok());
+            || (!at_boundary
+                && self.pipelined_hit_allowed(status)
+                && self.usable(status, &config).is_ok());
+        let mut looked_up = false;
         if may_hit && self.session.start_key(b'Q').is_some() {
             self.session.key.extend_from_slice(text);
             if self
@@ -457,14 +461,22 @@ impl Requests<'_> {
             {
                 return Ok(());
             }
+            looked_up = true;
         }
         let can_ask = at_boundary && status != TransactionStatus::Failed;
-        let text = String::from_utf8_lossy(text).into_owned();
+        let text = String::from_utf8_lossy(text);
+        // The lookup's key is the capture's unless the text was not UTF-8.
+        let key_built = looked_up && matches!(text, std::borrow::Cow::Borrowed(_));
         let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
         self.apply_statement_changes(&plan);
         let refusal = refusal(&plan, usable, time_literal);
+        let capture = match refusal {
+            Err(_) => None,
+            Ok(()) if key_built => self.capture_built(&plan, &config),
+            Ok(()) => self.capture(&plan, b'Q', text.as_bytes(), None, &config),
+        };
         let action = match refusal {
-            Ok(()) => match self.capture(&plan, b'Q', text.as_bytes(), None) {
+            Ok(()) => match capture {
                 Some(c) => match self.single_flight(c, client, status, b"", true).await? {
                     Some(c) => Action::Capture(c),
                     None => return Ok(()),
@@ -497,19 +509,27 @@ impl Requests<'_> {
         kind: u8,
         identity: &[u8],
         tail: Option<&[u8]>,
+        config: &Config,
     ) -> Option<Box<Capture>> {
-        let read = plan.read.as_ref().ok()?;
+        plan.read.as_ref().ok()?;
         self.session.start_key(kind)?;
         self.session.key.extend_from_slice(identity);
         if let Some(t) = tail {
             self.session.key.extend_from_slice(t);
         }
+        self.capture_built(plan, config)
+    }
+
+    /// A capture directive for a cacheable miss whose key is in `session.key` already (built
+    /// for the lookup that missed).
+    fn capture_built(&mut self, plan: &Plan, config: &Config) -> Option<Box<Capture>> {
+        let read = plan.read.as_ref().ok()?;
         Some(Capture::for_read(
             &self.session.key,
             read,
             &plan.query,
             &self.session.db,
-            &self.shared.config(),
+            config,
         ))
     }
 
@@ -557,7 +577,7 @@ impl Requests<'_> {
     }
 
     /// Tracks one extended-protocol message forwarded as it is.
-    fn extended_passthrough(&mut self, frame: &Bytes, pump: &mut Pump) {
+    fn extended_passthrough(&mut self, frame: &[u8], pump: &mut Pump) {
         let body = &frame[5..];
         match frame[0] {
             b'P' => {
@@ -655,22 +675,47 @@ impl Requests<'_> {
         CW: AsyncWrite + Unpin,
         SW: AsyncWrite + Unpin,
     {
+        let mut frames = std::mem::take(&mut pump.frames);
+        split_frames(&bytes, &mut frames);
+        let routed = self
+            .route_batch(&bytes, &frames, pump, client, server)
+            .await;
+        pump.frames = frames;
+        routed
+    }
+
+    /// [`Self::batch`] once its frames are found.
+    async fn route_batch<CW, SW>(
+        &mut self,
+        bytes: &Bytes,
+        frames: &[std::ops::Range<usize>],
+        pump: &mut Pump,
+        client: &tokio::sync::Mutex<CW>,
+        server: &mut SW,
+    ) -> Result<(), PumpError>
+    where
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
         let at_boundary = self.st.at_boundary();
         if at_boundary {
             self.refresh_context(server).await?;
             self.note_feed_position(server).await?;
         }
         let status = self.st.status();
-        let frames = split_frames(&bytes);
-        let shape = cacheable_shape(&bytes, &frames);
+        let config = self.shared.config();
+        let shape = cacheable_shape(bytes, frames);
         // Pipelined batches may be answered from the cache but are neither planned with the
         // catalog nor stored.
         let usable = if at_boundary || self.pipelined_hit_allowed(status) {
-            self.usable(status)
+            self.usable(status, &config)
         } else {
             Err(Refusal::Pipelined)
         };
         let hit_usable = usable;
+        // The identity whose key `session.key` holds after a lookup that missed: a capture
+        // of the same statement reuses that key.
+        let mut looked_up: Option<Bytes> = None;
         let usable = if at_boundary {
             usable
         } else {
@@ -728,6 +773,7 @@ impl Requests<'_> {
                                 }
                                 return Ok(());
                             }
+                            looked_up = Some(identity);
                         }
                     }
                 }
@@ -738,9 +784,9 @@ impl Requests<'_> {
         let mut effects = Effects::default();
         let mut read_ok = false;
         let mut capture = None;
-        for r in &frames {
-            let frame = bytes.slice(r.clone());
-            self.extended_passthrough(&frame, pump);
+        for r in frames {
+            let frame = &bytes[r.clone()];
+            self.extended_passthrough(frame, pump);
             if frame[0] != b'E' {
                 continue;
             }
@@ -800,7 +846,15 @@ impl Requests<'_> {
                             .get(stmt_name.as_ref())
                             .map(|s| s.identity.clone());
                         if let (Some(b), Some(identity)) = (b, identity) {
-                            capture = self.capture(&plan, b'E', &identity, Some(b.tail));
+                            // The lookup's key is this one when it was the same statement.
+                            let built = looked_up.as_ref().is_some_and(|l| {
+                                l.as_ptr() == identity.as_ptr() && l.len() == identity.len()
+                            });
+                            capture = if built {
+                                self.capture_built(&plan, &config)
+                            } else {
+                                self.capture(&plan, b'E', &identity, Some(b.tail), &config)
+                            };
                         }
                     }
                     Err(r) => {
@@ -845,7 +899,7 @@ impl Requests<'_> {
                 .fetch_add(1, Ordering::Relaxed);
             c.query.miss(None);
         }
-        if let Some(parse) = self.unnamed_restore(&bytes, &frames) {
+        if let Some(parse) = self.unnamed_restore(bytes, frames) {
             self.restore_unnamed(parse, server).await?;
         }
         let inert = shape.is_some() && read_ok && effects.is_empty();

@@ -50,6 +50,8 @@ where
     let mut body_left = 0usize;
     let mut flight = InFlight::default();
     let mut txn = Effects::default();
+    // Lent to each capture in turn (see `Filling`).
+    let mut scratch = Vec::new();
     loop {
         if !buf.is_empty() {
             let mut pos = 0;
@@ -68,7 +70,7 @@ where
                 if flight.directive.is_none() {
                     if let Some(d) = link.take(done) {
                         if let Action::Capture(_) = &d.action {
-                            start_filling(&mut flight, d);
+                            start_filling(&mut flight, d, std::mem::take(&mut scratch));
                         } else {
                             flight.directive = Some(d);
                         }
@@ -181,6 +183,9 @@ where
                         st.status.store(status, Ordering::Relaxed);
                         let status = TransactionStatus::from_byte(status)
                             .unwrap_or(TransactionStatus::Failed);
+                        if let Some(f) = flight.filling.take() {
+                            scratch = f.finish(flight.error, &shared.cache, &shared.upstream_time);
+                        }
                         finish(&mut flight, status, &mut txn, link, shared, db);
                         answered += 1;
                         done += 1;
@@ -227,7 +232,7 @@ where
     }
 }
 
-fn start_filling(flight: &mut InFlight, d: Directive) {
+fn start_filling(flight: &mut InFlight, d: Directive, scratch: Vec<u8>) {
     let Directive {
         seq,
         action,
@@ -236,7 +241,7 @@ fn start_filling(flight: &mut InFlight, d: Directive) {
         parses,
     } = d;
     if let Action::Capture(capture) = action {
-        flight.filling = Some(Filling::new(capture));
+        flight.filling = Some(Filling::new(capture, scratch));
     }
     flight.directive = Some(Directive {
         seq,
@@ -297,7 +302,8 @@ fn text_columns(body: &[u8]) -> Row {
     row
 }
 
-/// A response ended with ReadyForQuery(`status`): store its capture, apply its effects.
+/// A response ended with ReadyForQuery(`status`) (its capture already finished): apply its
+/// effects.
 fn finish(
     flight: &mut InFlight,
     status: TransactionStatus,
@@ -306,10 +312,6 @@ fn finish(
     shared: &Shared,
     db: &DatabaseCache,
 ) {
-    let cache = &shared.cache;
-    if let Some(f) = flight.filling.take() {
-        f.finish(flight.error, cache, &shared.upstream_time);
-    }
     let Some(d) = flight.directive.take() else {
         if status == TransactionStatus::Idle {
             end_transaction(txn, link, shared, db);

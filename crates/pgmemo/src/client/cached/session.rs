@@ -3,7 +3,6 @@
 //! the server, and so here), and the scratch buffers the hit path reuses so that it allocates
 //! nothing.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -12,6 +11,7 @@ use bytes::Bytes;
 use crate::cache::context::Context;
 use crate::cache::plan::Plan;
 use crate::cache::DatabaseCache;
+use crate::hash::Map;
 
 /// A statement prepared with Parse (or `PREPARE`), as the client named it.
 #[derive(Debug)]
@@ -34,7 +34,7 @@ pub struct CacheSession {
     /// `None` while the settings may have changed and were not read again.
     pub context: Option<Arc<Context>>,
     /// Prepared statements by name (`""` is the unnamed statement).
-    pub statements: HashMap<Bytes, Statement>,
+    pub statements: Map<Bytes, Statement>,
     /// The session's `SET pgmemo.cache` (on unless turned off).
     pub enabled: bool,
     /// A Parse of the unnamed statement that the client sent in a batch answered from the
@@ -55,7 +55,7 @@ impl CacheSession {
         CacheSession {
             db,
             context: None,
-            statements: HashMap::new(),
+            statements: Map::default(),
             enabled: true,
             unnamed_behind: None,
             bypass_until_lsn: 0,

@@ -5,12 +5,12 @@
 //! and features that would leak between clients sharing a server (`LISTEN`, `WITH HOLD`
 //! cursors, session advisory locks, temporary tables, `SET ROLE`) are refused.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use sql::{SetCommand, StatementInfo, StatementKind};
 use wire::ErrorResponse;
 
+use crate::hash::Map;
 use crate::pool::settings::{quote_literal, set_sql, SettingChange, TrackedChange};
 use crate::pool::{
     ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
@@ -94,7 +94,7 @@ pub enum Plan {
 /// The state a plan reads and changes.
 pub struct Planner<'a> {
     pub registry: &'a StatementRegistry,
-    pub client: &'a mut HashMap<String, Arc<PreparedStatement>>,
+    pub client: &'a mut Map<String, Arc<PreparedStatement>>,
     pub server: &'a mut ServerStatements,
     pub max_prepared: usize,
     /// The client is inside a transaction block.

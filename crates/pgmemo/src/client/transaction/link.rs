@@ -4,7 +4,7 @@
 //! queue to know which answers to forward, which to swallow (pgmemo's own messages) and where
 //! to insert pgmemo's own answers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,6 +13,7 @@ use wire::backend::TransactionStatus;
 use super::cache::TxnCache;
 use super::commands::{Effect, Outcome};
 use crate::cache::plan::Effects;
+use crate::hash::Map;
 use crate::pool::settings::{ClientSettings, TrackedChange};
 use crate::pool::{PreparedStatement, ServerSession};
 
@@ -29,9 +30,9 @@ pub struct ClientState {
     /// Tells server connections whose unnamed statement they hold.
     pub tag: u64,
     /// The client's statement names.
-    pub statements: HashMap<String, Arc<PreparedStatement>>,
+    pub statements: Map<String, Arc<PreparedStatement>>,
     /// Named statements whose execution changes session state (rare: `SET` prepared by name).
-    pub effects: HashMap<String, Arc<Outcome>>,
+    pub effects: Map<String, Arc<Outcome>>,
     pub unnamed: Option<Unnamed>,
     pub parses: u64,
     pub settings: ClientSettings,
@@ -141,7 +142,7 @@ pub struct Link<'a> {
     pub server: &'a mut ServerSession,
     pub queue: VecDeque<Entry>,
     /// Portals whose statement changes session state.
-    pub portals: HashMap<Bytes, Arc<Outcome>>,
+    pub portals: Map<Bytes, Arc<Outcome>>,
     pub txn: TxnTrack,
     /// Extended-protocol messages were sent since the last Sync.
     pub mid_batch: bool,

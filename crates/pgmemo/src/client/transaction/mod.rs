@@ -14,7 +14,7 @@ mod local;
 mod requests;
 mod responses;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +30,7 @@ use super::relay::{refill_position, End};
 use super::{ClientConn, ClientError};
 use crate::cancel::CancelSlot;
 use crate::config::Config;
+use crate::hash::Map;
 use crate::net::MaybeTls;
 use crate::pool::settings::{parse_options, sync_sql, valid_name, ClientSettings};
 use crate::pool::{Lease, Pool, PoolSettings, ReleaseState, ServerConn, StatementRegistry};
@@ -73,8 +74,8 @@ pub fn client_state(
     }
     Ok(ClientState {
         tag: registry.new_client_tag(),
-        statements: HashMap::new(),
-        effects: HashMap::new(),
+        statements: Map::default(),
+        effects: Map::default(),
         unnamed: None,
         parses: 0,
         settings: ClientSettings::from_startup(&settings),
@@ -458,7 +459,7 @@ async fn serve_attached(
         cache,
         server: session,
         queue: std::mem::take(&mut buffers.queue),
-        portals: HashMap::new(),
+        portals: Map::default(),
         txn: TxnTrack::default(),
         mid_batch: false,
         max_prepared: opts.max_prepared,

@@ -198,7 +198,8 @@ impl TxnCache {
             Some(status) => {
                 let filling = self.capture.take().expect("checked");
                 if status == TransactionStatus::Idle {
-                    filling.finish(false, &self.shared.cache, &self.shared.upstream_time);
+                    self.scratch =
+                        filling.finish(false, &self.shared.cache, &self.shared.upstream_time);
                 }
             }
         }

@@ -17,7 +17,6 @@ mod request;
 pub use request::Request;
 use request::{may_switch, Kind};
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -33,6 +32,7 @@ use crate::cache::plan::{Effects, Plan, Refusal};
 use crate::cache::planner::{self, Catalog, Planning};
 use crate::cache::DatabaseCache;
 use crate::client::cached::messages::session_switch;
+use crate::hash::Map;
 use crate::pool::settings::sync_sql;
 use crate::pool::{ServerConn, ServerError};
 use crate::shared::Shared;
@@ -65,8 +65,10 @@ pub struct TxnCache {
     txn: Effects,
     /// The response being captured (the attachment's first request).
     capture: Option<Filling>,
+    /// Lent to each capture in turn (see `Filling`).
+    scratch: Vec<u8>,
     /// Effects of executing each bound portal.
-    portals: HashMap<Bytes, Effects>,
+    portals: Map<Bytes, Effects>,
     /// A `ROLLBACK` tag arrived since the last ReadyForQuery.
     rollback_seen: bool,
     /// The last ReadyForQuery said a transaction block was open.
@@ -79,7 +81,7 @@ pub struct TxnCache {
     planned: Option<Planned>,
     /// Plans of the client's named statements, by statement id: an execution of a prepared
     /// statement is planned without even a memo lookup.
-    statement_plans: HashMap<u64, Planned>,
+    statement_plans: Map<u64, Planned>,
 }
 
 /// The plan of the request being served, kept from the detached phase to the attached one and
@@ -133,13 +135,14 @@ impl TxnCache {
             out: Vec::with_capacity(1024),
             txn: Effects::default(),
             capture: None,
-            portals: HashMap::new(),
+            scratch: Vec::new(),
+            portals: Map::default(),
             rollback_seen: false,
             in_block: false,
             unplanned: Vec::new(),
             leading: None,
             planned: None,
-            statement_plans: HashMap::new(),
+            statement_plans: Map::default(),
         }
     }
 
@@ -359,7 +362,7 @@ impl TxnCache {
             .misses
             .fetch_add(1, Ordering::Relaxed);
         plan.query.miss(None);
-        self.capture = Some(Filling::new(capture));
+        self.capture = Some(Filling::new(capture, std::mem::take(&mut self.scratch)));
         None
     }
 
@@ -380,7 +383,7 @@ impl TxnCache {
         }
         if self.context(state).is_none() {
             let row = server
-                .query_text_rows(&crate::cache::context::context_query())
+                .query_text_rows(crate::cache::context::context_query())
                 .await?
                 .into_iter()
                 .next();

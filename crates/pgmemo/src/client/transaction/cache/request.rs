@@ -174,7 +174,7 @@ impl TxnCache {
                 *describe,
             ),
         };
-        if !entry.is_servable(Instant::now) || (describe && entry.description.is_none()) {
+        if !entry.is_servable(Instant::now) || (describe && !entry.has_description()) {
             return None;
         }
         let out = &mut self.out;
