@@ -308,6 +308,50 @@ async fn roles_search_paths_and_time_zones_never_share_a_result() {
 }
 
 #[tokio::test]
+async fn settings_changed_by_functions_are_seen_and_builtins_cost_no_reread() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE SCHEMA a; CREATE SCHEMA b;
+         CREATE TABLE a.x AS SELECT 'in a'::text AS w; CREATE TABLE b.x AS SELECT 'in b'::text AS w;
+         CREATE FUNCTION public.use_b() RETURNS void VOLATILE LANGUAGE plpgsql
+           AS $$ BEGIN PERFORM set_config('search_path', 'b', false); END $$;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT w FROM x";
+    c.batch_execute("SET search_path = a").await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(first(&c, q).await.as_deref(), Some("in a"));
+    }
+    // set_config changes what names mean: the next read must see it.
+    first(&c, "SELECT set_config('search_path', 'b', false)").await;
+    for _ in 0..2 {
+        assert_eq!(
+            first(&c, q).await.as_deref(),
+            Some("in b"),
+            "after set_config"
+        );
+    }
+    // So may a function of the user's.
+    c.batch_execute("SET search_path = a").await.unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("in a"));
+    first(&c, "SELECT public.use_b()").await;
+    assert_eq!(first(&c, q).await.as_deref(), Some("in b"), "after use_b()");
+    // Built-in volatile functions cannot: no query to read the settings again.
+    let reads = show_cache(&memo, "context_reads").await;
+    for sql in [
+        "SELECT random() >= 0",
+        "SELECT clock_timestamp() IS NOT NULL",
+    ] {
+        for _ in 0..3 {
+            first(&c, sql).await;
+            assert_eq!(first(&c, q).await.as_deref(), Some("in b"));
+        }
+    }
+    assert_eq!(show_cache(&memo, "context_reads").await, reads);
+}
+
+#[tokio::test]
 async fn prepared_statements_are_cached_per_parameter_values() {
     let (_pg, memo, direct) = setup().await;
     let c = memo.client("postgres", "postgres").await;

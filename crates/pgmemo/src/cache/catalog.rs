@@ -45,12 +45,29 @@ pub struct Relation {
     pub view_definition: Option<String>,
 }
 
+/// OIDs below this belong to objects initdb created: the built-in functions.
+pub const FIRST_NORMAL_OBJECT_ID: u32 = 16384;
+
 /// A function found for a name (one row per overload).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Function {
     pub name_index: usize,
     /// `pg_proc.provolatile`: `i`, `s` or `v`.
     pub volatility: u8,
+    /// `pg_proc.oid`.
+    pub oid: u32,
+}
+
+impl Function {
+    /// Whether a call (the function is named `name`) may change the session's settings:
+    /// `set_config`, and any volatile function defined after initdb (PL/pgSQL, SQL and
+    /// extension functions can run SET). Built-in volatile functions such as `random()`,
+    /// `nextval()` or `clock_timestamp()` cannot, nor can any stable or immutable function
+    /// (PostgreSQL refuses SET inside them), so after those the session's context need not be
+    /// read again.
+    pub fn may_change_settings(&self, name: &str) -> bool {
+        self.volatility == b'v' && (self.oid >= FIRST_NORMAL_OBJECT_ID || name == "set_config")
+    }
 }
 
 /// The answer to one lookup.
@@ -196,6 +213,7 @@ pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
             Some("p") => facts.functions.push(Function {
                 name_index: index,
                 volatility: byte(row, 3),
+                oid: col(row, 2).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
             }),
             _ => return Err(bad()),
         }

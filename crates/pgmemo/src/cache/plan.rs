@@ -392,12 +392,31 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
             e.settings = true;
         }
     }
-    // A volatile (or unknown) function may write anything and change settings (set_config).
+    // A volatile (or unknown) function may write anything; some may change settings.
     if !s.functions.is_empty() && worst_volatility(s, inputs).is_none_or(|v| v == b'v') {
         e.database_wide = true;
-        e.settings = true;
+        e.settings |= may_change_settings(s, inputs);
     }
     e
+}
+
+/// Whether a statement calling volatile functions may change the session's settings: one of
+/// them may (see [`super::catalog::Function::may_change_settings`]) or is not known.
+fn may_change_settings(s: &StatementInfo, inputs: &Inputs<'_>) -> bool {
+    let Some(facts) = inputs.facts else {
+        return true;
+    };
+    s.functions.iter().any(|f| {
+        let Some(i) = name_index(inputs.function_names, &f.schema, &f.name) else {
+            return true;
+        };
+        let mut overloads = facts
+            .functions
+            .iter()
+            .filter(|p| p.name_index == i)
+            .peekable();
+        overloads.peek().is_none() || overloads.any(|p| p.may_change_settings(&f.name))
+    })
 }
 
 fn dml_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {

@@ -28,6 +28,9 @@ pub struct CacheStats {
     pub flight_waits: AtomicU64,
     /// Catalog lookups pgmemo ran to analyse a statement shape.
     pub catalog_lookups: AtomicU64,
+    /// Times pgmemo read a session's settings (the key's context) again after something may
+    /// have changed them: each costs a query on the server.
+    pub context_reads: AtomicU64,
     /// Microseconds of upstream time saved by hits.
     pub saved_micros: AtomicU64,
     refusals: [AtomicU64; Refusal::COUNT],
@@ -44,6 +47,7 @@ impl Default for CacheStats {
             database_invalidations: AtomicU64::new(0),
             flight_waits: AtomicU64::new(0),
             catalog_lookups: AtomicU64::new(0),
+            context_reads: AtomicU64::new(0),
             saved_micros: AtomicU64::new(0),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),
         }

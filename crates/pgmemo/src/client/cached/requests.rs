@@ -351,6 +351,11 @@ impl Requests<'_> {
             return Ok(());
         }
         self.link.context_stale.store(false, Ordering::Relaxed);
+        self.shared
+            .cache
+            .stats
+            .context_reads
+            .fetch_add(1, Ordering::Relaxed);
         let rows = self
             .ask(server, crate::cache::context::context_query())
             .await?;

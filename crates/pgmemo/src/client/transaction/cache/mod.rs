@@ -382,6 +382,11 @@ impl TxnCache {
             }
         }
         if self.context(state).is_none() {
+            self.shared
+                .cache
+                .stats
+                .context_reads
+                .fetch_add(1, Ordering::Relaxed);
             let row = server
                 .query_text_rows(crate::cache::context::context_query())
                 .await?
