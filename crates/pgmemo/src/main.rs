@@ -16,6 +16,12 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter, Registry};
 
+/// Every cache miss allocates its entry (key, response, bookkeeping) and keeps it; glibc's
+/// allocator took its slow path for most of those allocations while the cache grows. mimalloc
+/// serves them from per-size free lists.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// When set, this log filter wins over `log_level` (also across reloads), like `RUST_LOG`.
 const LOG_ENV: &str = "PGMEMO_LOG";
 
