@@ -367,6 +367,8 @@ async fn prepared_statements_are_cached_per_parameter_values() {
         }
     };
     assert_eq!(get(1).await, "one");
+    // Another value of a quick statement is stored from its second miss (admission).
+    assert_eq!(get(2).await, "two");
     assert_eq!(get(2).await, "two");
     assert_eq!(get(1).await, "one");
     direct
@@ -490,6 +492,24 @@ async fn a_read_that_raced_with_a_committed_write_is_not_stored() {
 }
 
 #[tokio::test]
+async fn cheap_results_are_stored_from_their_second_miss_costly_ones_at_once() {
+    let (pg, memo, _direct) = setup().await;
+    cache_support::admission_stores_cheap_results_from_their_second_miss(&memo).await;
+
+    // With cache_admission = always every cacheable miss is stored.
+    let mut config = pgmemo_config_for(pg.port());
+    config.cache_admission = pgmemo::config::CacheAdmission::Always;
+    let always = spawn_pgmemo(config).await.expect("pgmemo starts");
+    let c = always.client("postgres", "postgres").await;
+    first(&c, "SELECT v FROM t WHERE id = 1").await;
+    first(&c, "SELECT v FROM t WHERE id = 2").await;
+    let h = show_cache(&always, "hits").await;
+    first(&c, "SELECT v FROM t WHERE id = 2").await;
+    assert_eq!(show_cache(&always, "hits").await, h + 1);
+    assert_eq!(show_cache(&always, "admission_skips").await, 0);
+}
+
+#[tokio::test]
 async fn the_store_stays_within_its_byte_limit() {
     let pg = TempPostgres::builder()
         .start()
@@ -499,6 +519,8 @@ async fn the_store_stays_within_its_byte_limit() {
         .await;
     let mut config = pgmemo_config_for(pg.port());
     config.cache_size = pgmemo::config::ByteSize(256 * 1024);
+    // Every miss stored, so that 1,500 distinct lookups overflow the store.
+    config.cache_admission = pgmemo::config::CacheAdmission::Always;
     let memo = spawn_pgmemo(config).await.unwrap();
     let c = memo.client("postgres", "postgres").await;
     for id in 1..=1500 {

@@ -49,6 +49,15 @@ async fn within<T>(fut: impl std::future::Future<Output = T>) -> T {
 }
 
 #[tokio::test]
+async fn cheap_results_are_stored_from_their_second_miss() {
+    within(async {
+        let (_pg, memo, _direct) = setup(2).await;
+        cache_support::admission_stores_cheap_results_from_their_second_miss(&memo).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn hits_are_answered_without_a_server() {
     use raw::*;
     within(async {

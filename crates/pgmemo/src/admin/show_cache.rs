@@ -44,6 +44,10 @@ pub fn show_cache(shared: &Shared) -> Table {
         n(s.catalog_lookups.load(Ordering::Relaxed)),
     );
     row("context_reads", n(s.context_reads.load(Ordering::Relaxed)));
+    row(
+        "admission_skips",
+        n(s.admission_skips.load(Ordering::Relaxed)),
+    );
     row("saved_ms", n(s.saved_micros.load(Ordering::Relaxed) / 1000));
     row("invalidation_feed", Some(feed_states(shared)));
     for (reason, count) in s.refusals() {

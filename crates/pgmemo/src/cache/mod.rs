@@ -11,6 +11,7 @@
 //! - `store`: the byte-bounded map of results.
 //! - `stats`: counters for the admin console and metrics.
 
+pub mod admission;
 pub mod capture;
 pub mod catalog;
 pub mod context;
@@ -123,6 +124,8 @@ pub fn plan_memo_key(context_id: u64, hints: &[String], shape: &str) -> Vec<u8> 
 /// The process-wide cache.
 pub struct Cache {
     pub store: Store,
+    /// Which misses are stored (see [`admission`]).
+    pub admission: admission::Admission,
     pub stats: CacheStats,
     pub queries: QueryRegistry,
     /// Keys being filled now (single flight).
@@ -142,10 +145,31 @@ impl Cache {
         self.stats.flight_waits.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether a cacheable miss of `key` (statement `query`) is stored under `policy`, and
+    /// counts it when not (see [`admission`]).
+    pub fn admits(
+        &self,
+        key: &[u8],
+        query: &stats::QueryStats,
+        policy: crate::config::CacheAdmission,
+    ) -> bool {
+        if policy == crate::config::CacheAdmission::Always {
+            return true;
+        }
+        // Noted whatever decides: a key stored at once and then invalidated is not new.
+        let seen = self.admission.seen_before(key);
+        let admitted = seen || query.costly();
+        if !admitted {
+            self.stats.admission_skips.fetch_add(1, Ordering::Relaxed);
+        }
+        admitted
+    }
+
     /// A cache holding at most `capacity` bytes.
     pub fn new(capacity: u64) -> Cache {
         Cache {
             store: Store::new(capacity),
+            admission: admission::Admission::new(capacity),
             stats: CacheStats::default(),
             queries: QueryRegistry::default(),
             flights: Arc::default(),

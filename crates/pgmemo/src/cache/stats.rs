@@ -28,6 +28,9 @@ pub struct CacheStats {
     pub flight_waits: AtomicU64,
     /// Catalog lookups pgmemo ran to analyse a statement shape.
     pub catalog_lookups: AtomicU64,
+    /// Cacheable misses not stored because their key had not missed recently (see
+    /// [`super::admission`]).
+    pub admission_skips: AtomicU64,
     /// Times pgmemo read a session's settings (the key's context) again after something may
     /// have changed them: each costs a query on the server.
     pub context_reads: AtomicU64,
@@ -48,6 +51,7 @@ impl Default for CacheStats {
             flight_waits: AtomicU64::new(0),
             catalog_lookups: AtomicU64::new(0),
             context_reads: AtomicU64::new(0),
+            admission_skips: AtomicU64::new(0),
             saved_micros: AtomicU64::new(0),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -83,10 +87,11 @@ impl CacheStats {
     }
 }
 
-/// Figures for one normalized statement.
-/// Mean miss time from which a statement's concurrent misses share one run.
-const SINGLE_FLIGHT_MIN_MICROS: u64 = 1_000;
+/// Mean miss time from which a statement counts as costly: its concurrent misses share one
+/// run and its results are stored on their first miss.
+const COSTLY_MISS_MICROS: u64 = 1_000;
 
+/// Figures for one normalized statement.
 #[derive(Debug)]
 pub struct QueryStats {
     /// The statement's shape (literals blanked).
@@ -133,15 +138,22 @@ impl QueryStats {
         }
     }
 
-    /// Records how long a miss took upstream.
-    /// Whether concurrent misses of this statement should wait for one another (single
-    /// flight): when it is new or its misses take a millisecond or more. For quicker ones the
+    /// Whether the statement is new or its misses take a millisecond or more upstream. Such
+    /// a statement's concurrent misses wait for one another (single flight) and its results
+    /// are stored on their first miss (see [`super::admission`]); for quicker ones the
     /// bookkeeping would cost more than running the statement twice.
-    pub fn worth_single_flight(&self) -> bool {
+    pub fn costly(&self) -> bool {
         let n = self.timed_misses.load(Ordering::Relaxed);
-        n == 0 || self.miss_micros.load(Ordering::Relaxed) / n >= SINGLE_FLIGHT_MIN_MICROS
+        n == 0 || self.miss_micros.load(Ordering::Relaxed) / n >= COSTLY_MISS_MICROS
     }
 
+    /// Whether concurrent misses of this statement should wait for one another (single
+    /// flight): when it is [`Self::costly`].
+    pub fn worth_single_flight(&self) -> bool {
+        self.costly()
+    }
+
+    /// Records how long a miss took upstream.
     pub fn timed(&self, micros: u64) {
         self.miss_micros.fetch_add(micros, Ordering::Relaxed);
         self.timed_misses.fetch_add(1, Ordering::Relaxed);

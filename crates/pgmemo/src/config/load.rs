@@ -49,6 +49,7 @@ const KEYS: &[&str] = &[
     "cache",
     "cache_size",
     "max_entry_size",
+    "cache_admission",
     "cache_ttl",
     "cache_exclude_tables",
     "cache_include_tables",

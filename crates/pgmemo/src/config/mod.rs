@@ -100,6 +100,19 @@ impl<'de> Deserialize<'de> for Switch {
     }
 }
 
+/// Which cacheable misses are stored. Runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheAdmission {
+    /// Results of new or costly statements (misses of 1 ms or more) on their first miss,
+    /// others from the second miss of the same key among recent misses: one-off results of
+    /// cheap lookups are not worth an insert and the memory (see `cache::admission`).
+    #[default]
+    Auto,
+    /// Every cacheable miss.
+    Always,
+}
+
 /// How pgmemo learns about writes it does not relay itself (other applications, triggers,
 /// functions, other pgmemo instances). Restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -228,6 +241,8 @@ pub struct Config {
     pub cache_size: ByteSize,
     /// Larger results are not cached (they stream through untouched). Runtime.
     pub max_entry_size: ByteSize,
+    /// Which cacheable misses are stored. Runtime.
+    pub cache_admission: CacheAdmission,
     /// Entries expire after this long even without a write; 0 means never. Runtime.
     pub cache_ttl: Seconds,
     /// Tables (`schema.table` or `table`) whose results are never cached. Runtime.
@@ -281,6 +296,7 @@ impl Default for Config {
             cache: Switch::On,
             cache_size: ByteSize(256 * 1024 * 1024),
             max_entry_size: ByteSize(1024 * 1024),
+            cache_admission: CacheAdmission::Auto,
             cache_ttl: Seconds(Duration::ZERO),
             cache_exclude_tables: Vec::new(),
             cache_include_tables: Vec::new(),

@@ -200,6 +200,11 @@ fn cache(page: &mut Exposition, shared: &Shared) {
             "Session settings read again after something may have changed them.",
         ),
         (
+            "admission_skips",
+            load(&s.admission_skips),
+            "Cacheable misses not stored: a cheap statement's key that had not missed recently.",
+        ),
+        (
             "flight_waits",
             load(&s.flight_waits),
             "Misses that waited for another session's identical query instead of running it.",
@@ -349,7 +354,7 @@ mod tests {
         let families = page.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = page.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(families, helps);
-        assert_eq!(families, 12 + 4 + 1 + 10 + 3 + 2 + 4 + 1, "{page}");
+        assert_eq!(families, 12 + 4 + 1 + 11 + 3 + 2 + 4 + 1, "{page}");
         assert_eq!(
             page.matches("pgmemo_cache_refusals_total{").count(),
             Refusal::ALL.len(),

@@ -172,3 +172,37 @@ pub async fn a_refused_parse_leaves_no_statement(memo: &PgmemoInstance) {
         .await;
     assert_eq!(tags, vec!['E', 'Z'], "s1 does not exist: got {values:?}");
 }
+
+/// `cache_admission = auto` (the default), in table `t` (`id`, `v`) with rows 1 and 2: a new
+/// statement's result is stored on its first miss, a quick statement's other keys from their
+/// second miss, a costly statement's (a millisecond or more upstream) on every first miss.
+pub async fn admission_stores_cheap_results_from_their_second_miss(memo: &PgmemoInstance) {
+    let c = memo.client("postgres", "postgres").await;
+    let hits = || show_cache(memo, "hits");
+    first(&c, "SELECT v FROM t WHERE id = 1").await;
+    let h = hits().await;
+    first(&c, "SELECT v FROM t WHERE id = 1").await;
+    assert_eq!(hits().await, h + 1, "a new statement is stored at once");
+    let skips = show_cache(memo, "admission_skips").await;
+    first(&c, "SELECT v FROM t WHERE id = 2").await;
+    first(&c, "SELECT v FROM t WHERE id = 2").await;
+    assert_eq!(hits().await, h + 1, "second miss, stored now");
+    assert_eq!(show_cache(memo, "admission_skips").await, skips + 1);
+    first(&c, "SELECT v FROM t WHERE id = 2").await;
+    assert_eq!(hits().await, h + 2, "then served");
+    let slow = |n: u32| {
+        format!(
+            "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 100000)
+             SELECT count(*) FROM r WHERE x > {n}"
+        )
+    };
+    first(&c, &slow(1)).await;
+    first(&c, &slow(2)).await;
+    let h = hits().await;
+    first(&c, &slow(2)).await;
+    assert_eq!(
+        hits().await,
+        h + 1,
+        "a costly result is stored on its first miss"
+    );
+}

@@ -338,13 +338,15 @@ impl TxnCache {
         }
         let read = plan.read.as_ref().ok()?;
         self.make_key(&request, state)?;
-        let mut capture = Capture::for_read(
-            &self.key,
-            read,
-            &plan.query,
-            &self.db,
-            &self.shared.config(),
-        );
+        let config = self.shared.config();
+        let cache = &self.shared.cache;
+        if !cache.admits(&self.key, &plan.query, config.cache_admission) {
+            // A miss all the same, just not stored.
+            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
+            plan.query.miss(None);
+            return None;
+        }
+        let mut capture = Capture::for_read(&self.key, read, &plan.query, &self.db, &config);
         // Led since before the server was taken, or from now on (a follower then waits for
         // this fill only if it comes later).
         capture.flight = leading.take().or_else(|| {
