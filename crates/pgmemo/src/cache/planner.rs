@@ -69,6 +69,9 @@ impl<'a> Planning<'a> {
 /// The plan of a statement text, and whether the text holds a time literal. The catalog is
 /// asked only when the memo does not know the shape and the statement names relations or
 /// functions; `None` plans without it.
+///
+/// Callers on a request path try [`memoized`] first: that is the common case, and it needs
+/// none of this future's state (which holds the catalog queries').
 pub async fn plan<C: Catalog>(
     p: &Planning<'_>,
     text: &str,
@@ -123,6 +126,15 @@ pub async fn plan<C: Catalog>(
         p.db.remember(memo_key, Arc::clone(&decided));
     }
     Ok((decided, shape.time_literal))
+}
+
+/// The plan of a statement text from the memo, and whether the text holds a time literal;
+/// `None` when the memo does not know its shape (or plans are not memoized: no context).
+pub fn memoized(p: &Planning<'_>, text: &str) -> Option<(Arc<Plan>, bool)> {
+    p.context_id?;
+    let shape = sql::shape(text, p.standard_conforming_strings);
+    let memo_key = super::plan_memo_key(p.context_id.unwrap_or(0), &shape.hints, &shape.text);
+    Some((p.db.plan(&memo_key)?, shape.time_literal))
 }
 
 /// The plan of a statement from the memo, or made without the catalog.

@@ -205,11 +205,14 @@ pub(crate) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
             return true;
         };
         pos += len;
+        // Every time word starts with n, t or y: most values are out at their first byte.
+        let starts_like_a_time_word = |c: u8| matches!(c | 0x20, b'n' | b't' | b'y');
         if len <= 16 && format_of(i) == 0 {
             let v = value.trim_ascii();
-            if [&b"now"[..], b"today", b"tomorrow", b"yesterday"]
-                .iter()
-                .any(|w| v.get(..w.len()).is_some_and(|h| h.eq_ignore_ascii_case(w)))
+            if v.first().is_some_and(|&c| starts_like_a_time_word(c))
+                && [&b"now"[..], b"today", b"tomorrow", b"yesterday"]
+                    .iter()
+                    .any(|w| v.get(..w.len()).is_some_and(|h| h.eq_ignore_ascii_case(w)))
             {
                 return true;
             }

@@ -66,10 +66,20 @@ impl Requests<'_> {
             context_id,
             standard_conforming_strings,
         };
+        if let Some(found) = planner::memoized(&planning, text) {
+            return Ok(found);
+        }
         let mut catalog = SessionCatalog {
             requests: self,
             server,
         };
-        planner::plan(&planning, text, can_ask.then_some(&mut catalog)).await
+        // Boxed: the catalog queries' state would otherwise make every request's future
+        // larger, and moving it costs on every request.
+        Box::pin(planner::plan(
+            &planning,
+            text,
+            can_ask.then_some(&mut catalog),
+        ))
+        .await
     }
 }

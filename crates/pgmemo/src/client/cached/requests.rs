@@ -16,9 +16,9 @@ use wire::FrameHeader;
 
 use super::messages::{
     bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message, scan_batch,
-    session_switch, split_frames, Batch,
+    session_switch, split_frames, Batch, BindMessage,
 };
-use super::{Action, CacheSession, Capture, Directive, Link};
+use super::{Action, CacheSession, Capture, ClientWriter, Directive, Link};
 use crate::cache::catalog;
 use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
@@ -31,6 +31,16 @@ use crate::shared::Shared;
 const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
 /// ParseComplete and BindComplete, as a hit answers a Parse and a Bind.
 const PARSE_AND_BIND_COMPLETE: &[u8] = b"1\0\0\0\x042\0\0\0\x04";
+
+/// A miss routed by [`Requests::quick_miss`].
+struct QuickMiss {
+    /// The capture, when the result is to be stored.
+    capture: Option<Box<Capture>>,
+    /// The request cannot change anything (see [`Requests::request_sent`]).
+    inert: bool,
+    /// Confirmations of Parses sent before the request.
+    parses: Vec<Arc<AtomicBool>>,
+}
 
 /// What one routing step did.
 enum Step {
@@ -65,7 +75,7 @@ impl Requests<'_> {
     pub(super) async fn run<CR, CW, SW>(
         mut self,
         reader: &mut CR,
-        client: &tokio::sync::Mutex<CW>,
+        client: &ClientWriter<CW>,
         server: &mut SW,
     ) -> Result<bool, PumpError>
     where
@@ -95,7 +105,7 @@ impl Requests<'_> {
     async fn step<CW, SW>(
         &mut self,
         pump: &mut Pump,
-        client: &tokio::sync::Mutex<CW>,
+        client: &ClientWriter<CW>,
         server: &mut SW,
     ) -> Result<Step, PumpError>
     where
@@ -340,6 +350,21 @@ impl Requests<'_> {
         Ok(())
     }
 
+    /// Whether, at a boundary, the session's context must be read again or the WAL position
+    /// to wait for learnt ([`Self::catch_up`]). Rarely: callers check first and box the work,
+    /// whose futures would otherwise be part of every request's.
+    fn needs_catch_up(&self) -> bool {
+        self.link.context_stale.load(Ordering::Relaxed)
+            || self.link.await_feed.load(Ordering::Relaxed)
+    }
+
+    /// Reads the session's context again when it may have changed, and the WAL position to
+    /// wait for after a commit left to the feed.
+    async fn catch_up<SW: AsyncWrite + Unpin>(&mut self, server: &mut SW) -> Result<(), PumpError> {
+        self.refresh_context(server).await?;
+        self.note_feed_position(server).await
+    }
+
     /// Reads the session context again if it may have changed and the session is idle.
     async fn refresh_context<SW: AsyncWrite + Unpin>(
         &mut self,
@@ -387,7 +412,7 @@ impl Requests<'_> {
     /// Answers a hit, or returns the refusal that made it a miss.
     async fn try_hit<CW: AsyncWrite + Unpin>(
         &mut self,
-        client: &tokio::sync::Mutex<CW>,
+        client: &ClientWriter<CW>,
         status: TransactionStatus,
         prefix: &[u8],
         describe: bool,
@@ -421,7 +446,7 @@ impl Requests<'_> {
     async fn query<CW, SW>(
         &mut self,
         frame: Bytes,
-        client: &tokio::sync::Mutex<CW>,
+        client: &ClientWriter<CW>,
         server: &mut SW,
     ) -> Result<(), PumpError>
     where
@@ -430,9 +455,8 @@ impl Requests<'_> {
     {
         let text = &frame[5..frame.len().saturating_sub(1)];
         let at_boundary = self.st.at_boundary();
-        if at_boundary {
-            self.refresh_context(server).await?;
-            self.note_feed_position(server).await?;
+        if at_boundary && self.needs_catch_up() {
+            Box::pin(self.catch_up(server)).await?;
         }
         let status = self.st.status();
         if let Some(on) = session_switch(text) {
@@ -550,7 +574,7 @@ impl Requests<'_> {
     async fn single_flight<CW: AsyncWrite + Unpin>(
         &mut self,
         mut capture: Box<Capture>,
-        client: &tokio::sync::Mutex<CW>,
+        client: &ClientWriter<CW>,
         status: TransactionStatus,
         prefix: &[u8],
         describe: bool,
@@ -563,18 +587,22 @@ impl Requests<'_> {
                 capture.flight = Some(guard);
                 Ok(Some(capture))
             }
+            // Boxed, like other rare waits, to keep every request's future small.
             Flight::Follower(done) => {
-                self.shared.cache.wait_for_flight(done).await;
-                self.session.key.clear();
-                self.session.key.extend_from_slice(&capture.key);
-                // Single flight happens at a boundary: answer directly.
-                if self
-                    .try_hit(client, status, prefix, describe, false)
-                    .await?
-                {
-                    return Ok(None);
-                }
-                Ok(Some(capture))
+                Box::pin(async {
+                    self.shared.cache.wait_for_flight(done).await;
+                    self.session.key.clear();
+                    self.session.key.extend_from_slice(&capture.key);
+                    // Single flight happens at a boundary: answer directly.
+                    if self
+                        .try_hit(client, status, prefix, describe, false)
+                        .await?
+                    {
+                        return Ok(None);
+                    }
+                    Ok(Some(capture))
+                })
+                .await
             }
         }
     }
@@ -680,7 +708,7 @@ impl Requests<'_> {
         &mut self,
         bytes: Bytes,
         pump: &mut Pump,
-        client: &tokio::sync::Mutex<CW>,
+        client: &ClientWriter<CW>,
         server: &mut SW,
     ) -> Result<(), PumpError>
     where
@@ -702,7 +730,7 @@ impl Requests<'_> {
         bytes: &Bytes,
         frames: &[std::ops::Range<usize>],
         pump: &mut Pump,
-        client: &tokio::sync::Mutex<CW>,
+        client: &ClientWriter<CW>,
         server: &mut SW,
     ) -> Result<(), PumpError>
     where
@@ -710,9 +738,8 @@ impl Requests<'_> {
         SW: AsyncWrite + Unpin,
     {
         let at_boundary = self.st.at_boundary();
-        if at_boundary {
-            self.refresh_context(server).await?;
-            self.note_feed_position(server).await?;
+        if at_boundary && self.needs_catch_up() {
+            Box::pin(self.catch_up(server)).await?;
         }
         let status = self.st.status();
         let config = self.shared.config();
@@ -784,6 +811,15 @@ impl Requests<'_> {
                                     }
                                 }
                                 return Ok(());
+                            }
+                            if !s.parse && at_boundary && usable.is_ok() {
+                                if let Some(miss) = self.quick_miss(&b, &config, pump) {
+                                    return self
+                                        .forward_quick_miss(
+                                            bytes, miss, status, s.describe, client, server,
+                                        )
+                                        .await;
+                                }
                             }
                             looked_up = Some(identity);
                         }
@@ -918,6 +954,105 @@ impl Requests<'_> {
         let parses = std::mem::take(&mut pump.parses);
         self.request_sent(effects, action, inert, parses);
         send(server, &bytes).await
+    }
+
+    /// The miss of `Bind [Describe] Execute Sync` on a prepared statement whose plan is known,
+    /// current and reads without any effect: the request drivers that prepare send most. It
+    /// is routed without the general path's per-message tracking; what that tracking would
+    /// record is recorded here (the unnamed portal's statement, the Sync). `None` when the
+    /// general path must route it. `session.key` holds the request's key (the lookup that
+    /// missed).
+    fn quick_miss(
+        &mut self,
+        bind: &BindMessage<'_>,
+        config: &Config,
+        pump: &mut Pump,
+    ) -> Option<QuickMiss> {
+        if bind.statement.is_empty() && self.session.unnamed_behind.is_some() {
+            return None;
+        }
+        let ctx_id = self.trusted_context_id()?;
+        let epoch = self.session.db.plans_epoch();
+        let (plan, time_literal) = match &self.session.statements.get(bind.statement)?.plan {
+            Some((id, e, p, t)) if *id == ctx_id && *e == epoch && p.complete => {
+                (Arc::clone(p), *t)
+            }
+            _ => return None,
+        };
+        if !plan.effects.is_empty() || !plan.statements.is_empty() {
+            return None;
+        }
+        if pump
+            .portals
+            .get(&b""[..])
+            .is_none_or(|st| st[..] != *bind.statement)
+        {
+            pump.portals
+                .insert(Bytes::new(), Bytes::copy_from_slice(bind.statement));
+        }
+        pump.batch_effects = Effects::default();
+        pump.syncs_since_request = 1;
+        let refused = refusal(&plan, Ok(()), time_literal).and_then(|()| {
+            if bind_has_time_word(bind) {
+                Err(Refusal::TimeLiteral)
+            } else {
+                Ok(())
+            }
+        });
+        let capture = match refused {
+            Ok(()) => self.capture_built(&plan, config),
+            Err(r) => {
+                self.shared.cache.stats.refused(r);
+                plan.query.miss(Some(r));
+                None
+            }
+        };
+        Some(QuickMiss {
+            capture,
+            inert: plan.read.is_ok() && !time_literal,
+            parses: std::mem::take(&mut pump.parses),
+        })
+    }
+
+    /// Sends a request routed by [`Self::quick_miss`], leading or joining the single flight
+    /// of its key when its result is to be stored.
+    async fn forward_quick_miss<CW, SW>(
+        &mut self,
+        bytes: &Bytes,
+        miss: QuickMiss,
+        status: TransactionStatus,
+        describe: bool,
+        client: &ClientWriter<CW>,
+        server: &mut SW,
+    ) -> Result<(), PumpError>
+    where
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        let action = match miss.capture {
+            Some(c) => match self
+                .single_flight(c, client, status, BIND_COMPLETE, describe)
+                .await?
+            {
+                Some(c) => {
+                    self.shared
+                        .cache
+                        .stats
+                        .misses
+                        .fetch_add(1, Ordering::Relaxed);
+                    c.query.miss(None);
+                    Action::Capture(c)
+                }
+                // Answered from the entry another session just stored.
+                None => {
+                    self.st.unsynced.store(false, Ordering::Relaxed);
+                    return Ok(());
+                }
+            },
+            None => Action::Forward,
+        };
+        self.request_sent(Effects::default(), action, miss.inert, miss.parses);
+        send(server, bytes).await
     }
 
     /// When the server's unnamed statement is behind the client's and `frames` use it before

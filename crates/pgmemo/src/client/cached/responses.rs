@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use wire::backend::TransactionStatus;
 use wire::{ErrorResponse, FrameHeader};
 
-use super::{Action, Directive, Link};
+use super::{Action, ClientWriter, Directive, Link};
 use crate::cache::capture::Filling;
 use crate::cache::catalog::Row;
 use crate::cache::plan::Effects;
@@ -36,7 +36,7 @@ struct InFlight {
 pub(super) async fn run<R, W>(
     reader: &mut R,
     buf: &mut BytesMut,
-    client: &tokio::sync::Mutex<W>,
+    client: &ClientWriter<W>,
     st: &RelayState,
     link: &Link,
     shared: &Shared,
