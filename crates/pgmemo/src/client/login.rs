@@ -107,7 +107,7 @@ pub async fn login(
     client: &mut ClientConn,
     shared: &Arc<Shared>,
     startup: &StartupMessage,
-) -> Result<(Route, Lease, ServerConn), ClientError> {
+) -> Result<(Route, Lease, Box<ServerConn>), ClientError> {
     let config = shared.config();
     let mut route = Route::resolve(&config, startup);
     let pool = shared.pools.get(
@@ -196,7 +196,7 @@ fn known_password(
 pub async fn open_authenticated(
     shared: &Arc<Shared>,
     route: &Route,
-) -> Result<ServerConn, ClientError> {
+) -> Result<Box<ServerConn>, ClientError> {
     let mut conn = open(shared, route, shared.upstream_tls.as_ref()).await?;
     conn.authenticate(&route.key.user, &route.credential)
         .await?;
@@ -208,7 +208,7 @@ async fn open(
     shared: &Arc<Shared>,
     route: &Route,
     tls: Option<&crate::tls::UpstreamTls>,
-) -> Result<ServerConn, ClientError> {
+) -> Result<Box<ServerConn>, ClientError> {
     let timeout = shared.config().server_connect_timeout.0;
     let opened = tokio::time::timeout(
         timeout,

@@ -23,7 +23,7 @@ pub async fn connect(
     port: u16,
     dbname: &str,
     replication: bool,
-) -> Result<ServerConn, FeedError> {
+) -> Result<Box<ServerConn>, FeedError> {
     let config = shared.config();
     let user = config.upstream.user.clone().ok_or(FeedError::NoUser)?;
     let credential = match &config.upstream.password {

@@ -49,7 +49,7 @@ impl Lease {
         &mut self,
         fingerprint: u64,
         settings: &PoolSettings,
-    ) -> Option<ServerConn> {
+    ) -> Option<Box<ServerConn>> {
         debug_assert!(!self.counted);
         loop {
             let mut conn = {
@@ -62,8 +62,9 @@ impl Lease {
             let healthy = !conn.expired(settings, now)
                 && (now.duration_since(conn.last_used) < settings.server_check_delay
                     || settings.server_check_query.is_empty()
-                    || conn
-                        .simple_query(&settings.server_check_query)
+                    // Rare (idle longer than server_check_delay): boxed, so that the
+                    // query's future is not part of every checkout's.
+                    || Box::pin(conn.simple_query(&settings.server_check_query))
                         .await
                         .is_ok());
             if healthy && conn.status == TransactionStatus::Idle {
@@ -106,7 +107,7 @@ impl Lease {
     /// Ends the lease. A connection at a boundary is reset (rolled back first when in a
     /// transaction) in the background and becomes idle; the permit is held until then so the
     /// pool never has more than `pool_size` connections. Anything else is closed.
-    pub fn release(mut self, conn: ServerConn, state: ReleaseState, settings: PoolSettings) {
+    pub fn release(mut self, conn: Box<ServerConn>, state: ReleaseState, settings: PoolSettings) {
         let pool = self.pool.clone();
         let permit = self.permit.take();
         self.counted = false;
@@ -128,7 +129,7 @@ impl Lease {
 
     /// Ends a transaction-pooling lease: a connection idle at a boundary goes straight back
     /// to the pool (its session state is tracked, not reset); anything else is closed.
-    pub fn return_idle(mut self, mut conn: ServerConn, at_boundary: bool) {
+    pub fn return_idle(mut self, mut conn: Box<ServerConn>, at_boundary: bool) {
         if !at_boundary || conn.status != TransactionStatus::Idle {
             self.discard(conn);
             return;
@@ -142,7 +143,7 @@ impl Lease {
     }
 
     /// Ends the lease and closes the connection (its server state cannot be trusted).
-    pub fn discard(mut self, conn: ServerConn) {
+    pub fn discard(mut self, conn: Box<ServerConn>) {
         self.discard_counted();
         tokio::spawn(conn.close());
     }
@@ -160,10 +161,10 @@ impl Drop for Lease {
 }
 
 async fn reset(
-    mut conn: ServerConn,
+    mut conn: Box<ServerConn>,
     state: ReleaseState,
     settings: &PoolSettings,
-) -> Option<ServerConn> {
+) -> Option<Box<ServerConn>> {
     let status = match state {
         ReleaseState::Dirty => {
             conn.close().await;

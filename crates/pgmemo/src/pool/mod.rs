@@ -104,7 +104,7 @@ impl Pools {
 }
 
 struct PoolState {
-    idle: VecDeque<ServerConn>,
+    idle: VecDeque<Box<ServerConn>>,
     /// Connections that exist: idle, lent out, or being reset.
     total: usize,
 }
@@ -185,6 +185,27 @@ impl Pool {
 
     /// Waits (FIFO) for a place among the pool's connections.
     pub async fn acquire(self: &Arc<Self>, wait: Duration) -> Result<Lease, PoolError> {
+        match self.try_acquire() {
+            Ok(Some(lease)) => Ok(lease),
+            Ok(None) => Box::pin(self.wait_for_place(wait)).await,
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A free place without waiting (and without arming a timer: transaction pooling asks once
+    /// per transaction); `None` when every place is taken. Tokio's semaphore is fair: a place
+    /// is free only when nobody queues for one.
+    pub fn try_acquire(self: &Arc<Self>) -> Result<Option<Lease>, PoolError> {
+        match self.semaphore.clone().try_acquire_owned() {
+            Ok(permit) => Ok(Some(Lease::new(self.clone(), permit))),
+            Err(tokio::sync::TryAcquireError::Closed) => Err(PoolError::Closed),
+            Err(tokio::sync::TryAcquireError::NoPermits) => Ok(None),
+        }
+    }
+
+    /// Queues for a place for at most `wait` (boxed by [`Pool::acquire`]: the timer's future
+    /// is large and rarely needed).
+    async fn wait_for_place(self: &Arc<Self>, wait: Duration) -> Result<Lease, PoolError> {
         let permit = match tokio::time::timeout(wait, self.semaphore.clone().acquire_owned()).await
         {
             Err(_) => return Err(PoolError::WaitTimeout(wait)),
@@ -208,7 +229,7 @@ impl Pool {
 
     /// Adds a connection opened after [`Pool::reserve_spare`], or gives the room back when
     /// opening it failed.
-    pub fn fill_spare(&self, conn: Option<ServerConn>) {
+    pub fn fill_spare(&self, conn: Option<Box<ServerConn>>) {
         let mut st = self.state();
         match conn {
             Some(mut conn) => {
@@ -232,7 +253,7 @@ impl Pool {
     /// Closes every idle connection of this pool (shutdown; also lets a test force the next
     /// login to reach the server).
     pub async fn close_idle(&self) {
-        let idle: Vec<ServerConn> = {
+        let idle: Vec<Box<ServerConn>> = {
             let mut st = self.state();
             let drained: Vec<_> = st.idle.drain(..).collect();
             st.total -= drained.len();
@@ -260,7 +281,9 @@ impl Pool {
         self.size.load(Ordering::Acquire)
     }
 
-    fn take_expired(&self, settings: &PoolSettings) -> Vec<ServerConn> {
+    // Boxed as they are kept (see `ServerConn::open`): unboxing would copy each.
+    #[allow(clippy::vec_box)]
+    fn take_expired(&self, settings: &PoolSettings) -> Vec<Box<ServerConn>> {
         let now = Instant::now();
         let mut st = self.state();
         let mut expired = Vec::new();

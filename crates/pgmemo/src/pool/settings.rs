@@ -29,18 +29,22 @@ pub struct TrackedChange {
 
 /// What one client has set: its startup parameters (the session defaults `RESET` returns to)
 /// and its later `SET`s.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct ClientSettings {
     startup: BTreeMap<String, String>,
     overrides: BTreeMap<String, String>,
     /// Bumped by every committed change, so that what depends on the settings (the cache's
-    /// session context) knows when to read them again.
+    /// session context, a server in step with them) knows when to look again.
     version: u64,
+    /// The client these are (its tag): with `version`, what a server records as the settings
+    /// it is in step with.
+    owner: u64,
 }
 
 impl ClientSettings {
-    /// Settings from the startup packet: `(name, raw value)`.
-    pub fn from_startup(params: &[(String, String)]) -> ClientSettings {
+    /// Settings from the startup packet of client `owner` (a tag unique in the process):
+    /// `(name, raw value)`.
+    pub fn from_startup(params: &[(String, String)], owner: u64) -> ClientSettings {
         ClientSettings {
             startup: params
                 .iter()
@@ -52,6 +56,7 @@ impl ClientSettings {
                 .collect(),
             overrides: BTreeMap::new(),
             version: 0,
+            owner,
         }
     }
 
@@ -94,10 +99,15 @@ pub struct ServerSettings {
     /// A statement changed settings in a way pgmemo cannot follow (`set_config`, a rolled back
     /// savepoint): the next sync starts with `RESET ALL`.
     pub unknown: bool,
+    /// The client settings (owner, version) the server was last brought in line with and has
+    /// not changed since: the common case of a client taking the server it had, or one it left
+    /// in step, costs no comparison.
+    in_step_with: Option<(u64, u64)>,
 }
 
 impl ServerSettings {
     fn apply(&mut self, change: &SettingChange) {
+        self.in_step_with = None;
         match change {
             SettingChange::Set(name, value) => {
                 self.applied.insert(name.clone(), value.clone());
@@ -124,6 +134,12 @@ pub fn commit(changes: &[TrackedChange], client: &mut ClientSettings, server: &m
 /// already are. On success the caller records `server` as in step (done here, optimistically:
 /// a failure marks the server unknown).
 pub fn sync_sql(client: &ClientSettings, server: &mut ServerSettings) -> Option<String> {
+    let stamp = (client.owner, client.version);
+    if !server.unknown && (server.in_step_with == Some(stamp) || in_step(client, server)) {
+        server.in_step_with = Some(stamp);
+        return None;
+    }
+    server.in_step_with = Some(stamp);
     let mut sql = String::new();
     if server.unknown {
         sql.push_str("RESET ALL;");
@@ -149,6 +165,35 @@ pub fn sync_sql(client: &ClientSettings, server: &mut ServerSettings) -> Option<
         }
     }
     (!sql.is_empty()).then_some(sql)
+}
+
+/// Whether the server has exactly the client's settings: one pass over both sorted maps,
+/// without allocating (clients sharing servers usually have the same settings).
+fn in_step(client: &ClientSettings, server: &ServerSettings) -> bool {
+    let mut applied = server.applied.iter();
+    let mut startup = client.startup.iter().peekable();
+    let mut overrides = client.overrides.iter().peekable();
+    loop {
+        // The client's next effective setting in name order (an override wins).
+        let next = match (startup.peek(), overrides.peek()) {
+            (None, None) => None,
+            (Some(_), None) => startup.next(),
+            (None, Some(_)) => overrides.next(),
+            (Some((s, _)), Some((o, _))) => match s.cmp(o) {
+                std::cmp::Ordering::Less => startup.next(),
+                std::cmp::Ordering::Greater => overrides.next(),
+                std::cmp::Ordering::Equal => {
+                    startup.next();
+                    overrides.next()
+                }
+            },
+        };
+        match (next, applied.next()) {
+            (None, None) => return true,
+            (Some((k, v)), Some((ak, av))) if k == ak && v == av => {}
+            _ => return false,
+        }
+    }
 }
 
 /// The statement that sets `name` from a raw value, as a startup packet would.
@@ -238,8 +283,8 @@ mod tests {
 
     #[test]
     fn a_server_is_brought_in_line_with_each_client() {
-        let mut a = ClientSettings::from_startup(&[("application_name".into(), "a".into())]);
-        let b = ClientSettings::default();
+        let mut a = ClientSettings::from_startup(&[("application_name".into(), "a".into())], 1);
+        let b = ClientSettings::from_startup(&[], 2);
         let mut server = ServerSettings::default();
         assert_eq!(
             sync_sql(&a, &mut server).as_deref(),
@@ -267,7 +312,7 @@ mod tests {
 
     #[test]
     fn reset_returns_to_the_startup_value_and_discard_is_client_only() {
-        let mut a = ClientSettings::from_startup(&[("datestyle".into(), "ISO".into())]);
+        let mut a = ClientSettings::from_startup(&[("datestyle".into(), "ISO".into())], 1);
         let mut server = ServerSettings::default();
         sync_sql(&a, &mut server);
         commit(
@@ -301,8 +346,53 @@ mod tests {
     }
 
     #[test]
+    fn clients_with_the_same_settings_share_a_server_without_sync() {
+        let startup = [
+            ("application_name".into(), "app".into()),
+            ("datestyle".into(), "ISO".into()),
+        ];
+        let mut a = ClientSettings::from_startup(&startup, 1);
+        let mut b = ClientSettings::from_startup(&startup, 2);
+        let mut server = ServerSettings::default();
+        assert!(sync_sql(&a, &mut server).is_some());
+        assert_eq!(
+            sync_sql(&b, &mut server),
+            None,
+            "same settings, another client"
+        );
+        // An override equal to nothing applied, then one that shadows a startup value.
+        commit(
+            &[set("timezone", "SET timezone TO 'UTC'")],
+            &mut a,
+            &mut server,
+        );
+        assert_eq!(
+            sync_sql(&b, &mut server).as_deref(),
+            Some("RESET timezone;")
+        );
+        b.apply(&SettingChange::Set(
+            "datestyle".into(),
+            "SET datestyle TO 'SQL'".into(),
+        ));
+        assert_eq!(
+            sync_sql(&b, &mut server).as_deref(),
+            Some("SET datestyle TO 'SQL';")
+        );
+        assert_eq!(sync_sql(&b, &mut server), None);
+        assert_eq!(
+            sync_sql(&a, &mut server).as_deref(),
+            Some("SELECT pg_catalog.set_config('datestyle', 'ISO', false);SET timezone TO 'UTC';")
+        );
+        a.apply(&SettingChange::Reset("timezone".into()));
+        assert_eq!(
+            sync_sql(&a, &mut server).as_deref(),
+            Some("RESET timezone;")
+        );
+    }
+
+    #[test]
     fn unknown_server_state_starts_over() {
-        let a = ClientSettings::from_startup(&[("timezone".into(), "UTC".into())]);
+        let a = ClientSettings::from_startup(&[("timezone".into(), "UTC".into())], 1);
         let mut server = ServerSettings {
             unknown: true,
             ..Default::default()

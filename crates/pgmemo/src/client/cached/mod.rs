@@ -159,7 +159,7 @@ impl Link {
             return None;
         }
         let mut d = self.directives.lock().unwrap_or_else(|e| e.into_inner());
-        if !d.front().is_some_and(|x| x.seq == seq) {
+        if d.front().is_none_or(|x| x.seq != seq) {
             return None;
         }
         let taken = d.pop_front();

@@ -953,7 +953,7 @@ impl Requests<'_> {
         let inert = shape.is_some() && read_ok && effects.is_empty();
         let parses = std::mem::take(&mut pump.parses);
         self.request_sent(effects, action, inert, parses);
-        send(server, &bytes).await
+        send(server, bytes).await
     }
 
     /// The miss of `Bind [Describe] Execute Sync` on a prepared statement whose plan is known,

@@ -72,13 +72,14 @@ pub fn client_state(
             ));
         }
     }
+    let tag = registry.new_client_tag();
     Ok(ClientState {
-        tag: registry.new_client_tag(),
+        tag,
         statements: Map::default(),
         effects: Map::default(),
         unnamed: None,
         parses: 0,
-        settings: ClientSettings::from_startup(&settings),
+        settings: ClientSettings::from_startup(&settings, tag),
         status: TransactionStatus::Idle,
     })
 }
@@ -279,7 +280,7 @@ async fn answer(client: &mut ClientConn, cache: &mut TxnCache, bytes: Vec<u8>) -
 /// Gives the server back (or closes it) when the session ends while attached.
 fn finish(
     lease: Lease,
-    server: ServerConn,
+    server: Box<ServerConn>,
     end: &End,
     at_boundary: bool,
     status: TransactionStatus,
@@ -381,7 +382,7 @@ impl Checkout {
         &self,
         shared: &Arc<Shared>,
         route: &Route,
-    ) -> Result<(Lease, ServerConn), ClientError> {
+    ) -> Result<(Lease, Box<ServerConn>), ClientError> {
         let wait = self.config.query_wait_timeout.0;
         let mut lease = self.pool.acquire(wait).await.inspect_err(|_| {
             Stats::bump(&shared.stats.pool_wait_timeouts);
@@ -390,7 +391,8 @@ impl Checkout {
             return Ok((lease, conn));
         }
         lease.reserve_new();
-        let conn = open_authenticated(shared, route).await?;
+        // Boxed: opening a connection is rare once the pool is warm, and its future is large.
+        let conn = Box::pin(open_authenticated(shared, route)).await?;
         Ok((lease, conn))
     }
 }
