@@ -191,18 +191,62 @@ impl Starts {
     }
 }
 
-/// Identifier characters, as far as whole-word matching is concerned.
+/// Identifier characters, as far as whole-word matching is concerned (a table: every byte of
+/// every query string is looked up).
+static IDENT_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        t[i] = c.is_ascii_alphanumeric() || c == b'_' || c == b'$';
+        i += 1;
+    }
+    t
+};
+
 fn is_ident(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'$'
+    IDENT_BYTES[b as usize]
+}
+
+/// Whether a word's first letter and length fit one of the words of either list at all: most
+/// words of a query (`SELECT`, column and table names) are out here, before any comparison.
+/// Every word of both lists, and the temporary schema prefix, starts with one of these letters
+/// and is 3 to 27 bytes long.
+fn may_be_listed(word: &[u8]) -> bool {
+    (3..=27).contains(&word.len())
+        && matches!(
+            word[0].to_ascii_uppercase(),
+            b'S' | b'R' | b'P' | b'D' | b'L' | b'U' | b'T' | b'E'
+        )
 }
 
 fn is_statement_word(word: &[u8]) -> bool {
-    STATEMENT_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
+    may_be_listed(word) && STATEMENT_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
 }
 
 fn is_anywhere_word(word: &[u8]) -> bool {
-    ANYWHERE_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
-        || word
-            .get(..TEMP_SCHEMA_PREFIX.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX))
+    may_be_listed(word)
+        && (ANYWHERE_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
+            || word
+                .get(..TEMP_SCHEMA_PREFIX.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_word_passes_the_first_letter_and_length_filter() {
+        for w in STATEMENT_WORDS
+            .iter()
+            .chain(ANYWHERE_WORDS.iter())
+            .chain([&TEMP_SCHEMA_PREFIX])
+        {
+            assert!(may_be_listed(w), "{}", String::from_utf8_lossy(w));
+            assert!(may_be_listed(&w.to_ascii_lowercase()));
+        }
+        assert!(is_anywhere_word(b"pg_temp_12"));
+        assert!(!may_be_listed(b"abalance"));
+    }
 }

@@ -103,8 +103,20 @@ pub fn shape(sql: &str, standard_conforming_strings: bool) -> Shape {
     }
 }
 
+/// Bytes that continue a word (a table: the lexer asks for every byte of every query).
+static WORD_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        t[i] = c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80 || c == b'$';
+        i += 1;
+    }
+    t
+};
+
 fn is_word_byte(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80 || c == b'$'
+    WORD_BYTES[c as usize]
 }
 
 /// `E'...'` (or `e'...'`) starts an escape string; the prefix is the word just written.
