@@ -494,7 +494,11 @@ async fn a_read_that_raced_with_a_committed_write_is_not_stored() {
 #[tokio::test]
 async fn cheap_results_are_stored_from_their_second_miss_costly_ones_at_once() {
     let (pg, memo, _direct) = setup().await;
-    cache_support::admission_stores_cheap_results_from_their_second_miss(&memo).await;
+    cache_support::admission_stores_costly_results_at_once(&memo).await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.cache_costly_miss = pgmemo::config::Seconds(std::time::Duration::from_secs(3600));
+    let cheap = spawn_pgmemo(config).await.expect("pgmemo starts");
+    cache_support::admission_stores_cheap_results_from_their_second_miss(&cheap).await;
 
     // With cache_admission = always every cacheable miss is stored.
     let mut config = pgmemo_config_for(pg.port());

@@ -51,8 +51,17 @@ async fn within<T>(fut: impl std::future::Future<Output = T>) -> T {
 #[tokio::test]
 async fn cheap_results_are_stored_from_their_second_miss() {
     within(async {
-        let (_pg, memo, _direct) = setup(2).await;
-        cache_support::admission_stores_cheap_results_from_their_second_miss(&memo).await;
+        let (pg, memo, _direct) = setup(2).await;
+        cache_support::admission_stores_costly_results_at_once(&memo).await;
+        let config = Config {
+            pool_mode: PoolMode::Transaction,
+            pool_size: 2,
+            invalidation: Invalidation::Proxy,
+            cache_costly_miss: Seconds(Duration::from_secs(3600)),
+            ..pgmemo_config_for(pg.port())
+        };
+        let cheap = spawn_pgmemo(config).await.expect("pgmemo starts");
+        cache_support::admission_stores_cheap_results_from_their_second_miss(&cheap).await;
     })
     .await;
 }

@@ -145,20 +145,16 @@ impl Cache {
         self.stats.flight_waits.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Whether a cacheable miss of `key` (statement `query`) is stored under `policy`, and
-    /// counts it when not (see [`admission`]).
-    pub fn admits(
-        &self,
-        key: &[u8],
-        query: &stats::QueryStats,
-        policy: crate::config::CacheAdmission,
-    ) -> bool {
-        if policy == crate::config::CacheAdmission::Always {
+    /// Whether a cacheable miss of `key` (statement `query`) is stored under the
+    /// configuration's `cache_admission` and `cache_costly_miss`, and counts it when not
+    /// (see [`admission`]).
+    pub fn admits(&self, key: &[u8], query: &stats::QueryStats, config: &crate::Config) -> bool {
+        if config.cache_admission == crate::config::CacheAdmission::Always {
             return true;
         }
         // Noted whatever decides: a key stored at once and then invalidated is not new.
         let seen = self.admission.seen_before(key);
-        let admitted = seen || query.costly();
+        let admitted = seen || query.costly(config.cache_costly_miss.0);
         if !admitted {
             self.stats.admission_skips.fetch_add(1, Ordering::Relaxed);
         }

@@ -87,9 +87,8 @@ impl CacheStats {
     }
 }
 
-/// Mean miss time from which a statement counts as costly: its concurrent misses share one
-/// run and its results are stored on their first miss.
-const COSTLY_MISS_MICROS: u64 = 1_000;
+/// Mean miss time from which a statement's concurrent misses share one run.
+const SINGLE_FLIGHT_MIN: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Figures for one normalized statement.
 #[derive(Debug)]
@@ -138,19 +137,18 @@ impl QueryStats {
         }
     }
 
-    /// Whether the statement is new or its misses take a millisecond or more upstream. Such
-    /// a statement's concurrent misses wait for one another (single flight) and its results
-    /// are stored on their first miss (see [`super::admission`]); for quicker ones the
-    /// bookkeeping would cost more than running the statement twice.
-    pub fn costly(&self) -> bool {
+    /// Whether the statement is new or its misses take at least `min` upstream on average:
+    /// such a statement's results are stored on their first miss (see [`super::admission`]).
+    pub fn costly(&self, min: std::time::Duration) -> bool {
         let n = self.timed_misses.load(Ordering::Relaxed);
-        n == 0 || self.miss_micros.load(Ordering::Relaxed) / n >= COSTLY_MISS_MICROS
+        n == 0 || self.miss_micros.load(Ordering::Relaxed) / n >= min.as_micros() as u64
     }
 
     /// Whether concurrent misses of this statement should wait for one another (single
-    /// flight): when it is [`Self::costly`].
+    /// flight): when it is new or its misses take a millisecond or more. For quicker ones the
+    /// bookkeeping would cost more than running the statement twice.
     pub fn worth_single_flight(&self) -> bool {
-        self.costly()
+        self.costly(SINGLE_FLIGHT_MIN)
     }
 
     /// Records how long a miss took upstream.

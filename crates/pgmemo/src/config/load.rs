@@ -50,6 +50,7 @@ const KEYS: &[&str] = &[
     "cache_size",
     "max_entry_size",
     "cache_admission",
+    "cache_costly_miss",
     "cache_ttl",
     "cache_exclude_tables",
     "cache_include_tables",

@@ -243,6 +243,9 @@ pub struct Config {
     pub max_entry_size: ByteSize,
     /// Which cacheable misses are stored. Runtime.
     pub cache_admission: CacheAdmission,
+    /// A statement whose misses take at least this long upstream on average is costly: with
+    /// `cache_admission = auto` its results are stored on their first miss. Runtime.
+    pub cache_costly_miss: Seconds,
     /// Entries expire after this long even without a write; 0 means never. Runtime.
     pub cache_ttl: Seconds,
     /// Tables (`schema.table` or `table`) whose results are never cached. Runtime.
@@ -297,6 +300,7 @@ impl Default for Config {
             cache_size: ByteSize(256 * 1024 * 1024),
             max_entry_size: ByteSize(1024 * 1024),
             cache_admission: CacheAdmission::Auto,
+            cache_costly_miss: Seconds(Duration::from_millis(1)),
             cache_ttl: Seconds(Duration::ZERO),
             cache_exclude_tables: Vec::new(),
             cache_include_tables: Vec::new(),

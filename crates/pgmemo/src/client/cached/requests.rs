@@ -554,7 +554,7 @@ impl Requests<'_> {
     fn capture_built(&mut self, plan: &Plan, config: &Config) -> Option<Box<Capture>> {
         let read = plan.read.as_ref().ok()?;
         let cache = &self.shared.cache;
-        if !cache.admits(&self.session.key, &plan.query, config.cache_admission) {
+        if !cache.admits(&self.session.key, &plan.query, config) {
             // A miss all the same, just not stored.
             cache.stats.misses.fetch_add(1, Ordering::Relaxed);
             plan.query.miss(None);

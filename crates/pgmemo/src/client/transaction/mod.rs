@@ -155,6 +155,11 @@ pub async fn run(
                 continue;
             }
         }
+        // A reload takes effect from the next request on (one pointer comparison each).
+        checkout.refresh(shared, route);
+        if let Some(cache) = cache.as_mut() {
+            cache.configure(&checkout.config);
+        }
         if let Some(answer) = local::answer(
             &mut client.buf,
             state,
@@ -190,7 +195,6 @@ pub async fn run(
                 Detached::Attach(None) => {}
             }
         }
-        checkout.refresh(shared, route);
         let (lease, mut server) = match checkout.attach(shared, route).await {
             Ok(v) => v,
             Err(e) => {

@@ -2,6 +2,8 @@
 //! memoized plan), applied at COMMIT and dropped at ROLLBACK, the capture of the first
 //! request's response, and the planning of new statements once the transaction is over.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use wire::backend::TransactionStatus;
 
@@ -88,7 +90,7 @@ impl TxnCache {
         {
             return p.plan.effects.clone();
         }
-        let config = self.shared.config();
+        let config = Arc::clone(&self.config);
         let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context);
         let (plan, _) = planner::plan_without_catalog(&planning, text);
         if !plan.complete
@@ -112,7 +114,7 @@ impl TxnCache {
         let Some(context) = self.context(state).cloned() else {
             return;
         };
-        let config = self.shared.config();
+        let config = Arc::clone(&self.config);
         let planning = Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
         let mut catalog = ServerCatalog(server);
         for text in &texts {

@@ -32,6 +32,7 @@ use crate::cache::plan::{Effects, Plan, Refusal};
 use crate::cache::planner::{self, Catalog, Planning};
 use crate::cache::DatabaseCache;
 use crate::client::cached::messages::session_switch;
+use crate::config::Config;
 use crate::hash::Map;
 use crate::pool::settings::sync_sql;
 use crate::pool::{ServerConn, ServerError};
@@ -48,6 +49,9 @@ const MAX_PLANNED_AFTER: usize = 8;
 /// A transaction-pooled client's cache state, for its whole session.
 pub struct TxnCache {
     shared: Arc<Shared>,
+    /// The configuration in force, refreshed by the session once per request
+    /// ([`TxnCache::configure`]) rather than loaded at every use.
+    config: Arc<Config>,
     db: Arc<DatabaseCache>,
     /// The client's context and the version of its settings it was read for.
     context: Option<(u64, Arc<Context>)>,
@@ -124,6 +128,7 @@ impl TxnCache {
     /// The cache state of a client of `db`.
     pub fn new(shared: Arc<Shared>, db: Arc<DatabaseCache>) -> TxnCache {
         TxnCache {
+            config: shared.config().clone(),
             shared,
             db,
             context: None,
@@ -146,6 +151,13 @@ impl TxnCache {
         }
     }
 
+    /// Takes the configuration in force (the session checks for a reload once per request).
+    pub fn configure(&mut self, config: &Arc<Config>) {
+        if !Arc::ptr_eq(&self.config, config) {
+            self.config = Arc::clone(config);
+        }
+    }
+
     /// The client's context when it was read for its current settings.
     fn context(&self, state: &ClientState) -> Option<&Arc<Context>> {
         self.context
@@ -156,7 +168,7 @@ impl TxnCache {
 
     /// Whether results may be served and stored for this client now (a known context aside).
     fn usable(&self) -> Result<(), Refusal> {
-        if !self.shared.config().cache.is_on() {
+        if !self.config.cache.is_on() {
             return Err(Refusal::CacheOff);
         }
         if !self.enabled {
@@ -224,7 +236,7 @@ impl TxnCache {
             Some(p) => p,
             None => {
                 let text: Arc<str> = Self::text(request, buf, state)?.into();
-                let config = self.shared.config();
+                let config = Arc::clone(&self.config);
                 let planning =
                     Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
                 let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
@@ -309,7 +321,7 @@ impl TxnCache {
             Some(p) => (Arc::clone(&p.plan), p.time_literal),
             None => {
                 let text: Arc<str> = Self::text(&request, buf, state)?.into();
-                let config = self.shared.config();
+                let config = Arc::clone(&self.config);
                 let planning =
                     Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
                 let mut catalog = ServerCatalog(server);
@@ -338,9 +350,9 @@ impl TxnCache {
         }
         let read = plan.read.as_ref().ok()?;
         self.make_key(&request, state)?;
-        let config = self.shared.config();
+        let config = Arc::clone(&self.config);
         let cache = &self.shared.cache;
-        if !cache.admits(&self.key, &plan.query, config.cache_admission) {
+        if !cache.admits(&self.key, &plan.query, &config) {
             // A miss all the same, just not stored.
             cache.stats.misses.fetch_add(1, Ordering::Relaxed);
             plan.query.miss(None);
