@@ -46,11 +46,7 @@ impl<'a> Reader<'a> {
     /// Reads a NUL-terminated string; PostgreSQL strings are UTF-8 on the wire for pgmemo's
     /// purposes (names, parameters), anything else is reported as malformed.
     pub(crate) fn cstr(&mut self) -> Result<&'a str, WireError> {
-        let end = self
-            .data
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or(WireError::MissingTerminator)?;
+        let end = memchr::memchr(0, self.data).ok_or(WireError::MissingTerminator)?;
         let s = std::str::from_utf8(&self.data[..end]).map_err(|_| WireError::InvalidUtf8)?;
         self.data = &self.data[end + 1..];
         Ok(s)
@@ -150,11 +146,8 @@ impl BodyReader {
     /// A NUL-terminated string as raw bytes: names and query texts are in the client's encoding,
     /// which need not be UTF-8.
     pub(crate) fn cstr(&mut self) -> Result<Bytes, WireError> {
-        let end = self
-            .data
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or(WireError::MissingTerminator)?;
+        // memchr: statement texts are searched for their NUL on every Parse.
+        let end = memchr::memchr(0, &self.data).ok_or(WireError::MissingTerminator)?;
         let s = self.data.split_to(end);
         self.data.advance(1);
         Ok(s)

@@ -5,7 +5,7 @@
 
 /// A NUL-terminated string at the start of `b`, and what follows it.
 pub fn cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    let nul = b.iter().position(|&c| c == 0)?;
+    let nul = memchr::memchr(0, b)?;
     Some((&b[..nul], &b[nul + 1..]))
 }
 

@@ -23,6 +23,9 @@ pub struct Unnamed {
     pub seq: u64,
     pub parse: Bytes,
     pub outcome: Option<Arc<Outcome>>,
+    /// `parse` is the client's own message, which planning found plain (nothing to track or
+    /// rewrite): an identical Parse needs no decoding or planning.
+    pub plain: bool,
 }
 
 /// Everything about a client that outlives its transactions.

@@ -24,19 +24,30 @@ pub fn answer(
     if state.status != TransactionStatus::Idle {
         return None;
     }
-    // First pass: look without consuming.
+    // Whether every message up to the Sync is a named Parse or a Close, from the headers and
+    // names alone: nearly every request is not (an unnamed Parse, a Bind), and is out here
+    // without a copy or a decode.
     let mut at = 0;
-    let mut plan = Vec::new();
     loop {
         let header = FrameHeader::peek(&buf[at..], max_message).ok()??;
         if buf.len() - at < header.frame_len {
             return None;
         }
-        if !matches!(
-            header.tag,
-            frontend::tag::SYNC | frontend::tag::PARSE | frontend::tag::CLOSE
-        ) {
-            // Checked before copying anything: nearly every request ends here.
+        let body = &buf[at + FrameHeader::SIZE..at + header.frame_len];
+        match header.tag {
+            frontend::tag::SYNC => break,
+            frontend::tag::PARSE if body.first().is_some_and(|&c| c != 0) => {}
+            frontend::tag::CLOSE => {}
+            _ => return None,
+        }
+        at += header.frame_len;
+    }
+    // Then decode: look without consuming.
+    let mut at = 0;
+    let mut plan = Vec::new();
+    loop {
+        let header = FrameHeader::peek(&buf[at..], max_message).ok()??;
+        if buf.len() - at < header.frame_len {
             return None;
         }
         let body =

@@ -195,6 +195,28 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
     }
 }
 
+/// Sends the client's unnamed statement (`parse`) and records it as the one the client and
+/// this server now hold.
+fn unnamed_parsed(
+    link: &mut Link<'_>,
+    parse: Bytes,
+    outcome: Option<Arc<Outcome>>,
+    plain: bool,
+    out: &mut BytesMut,
+) {
+    link.client.parses += 1;
+    let seq = link.client.parses;
+    out.extend_from_slice(&parse);
+    link.client.unnamed = Some(Unnamed {
+        seq,
+        parse,
+        outcome,
+        plain,
+    });
+    link.server.unnamed = Some((link.client.tag, seq));
+    link.queue.push_back(Entry::forward(Expect::Parse));
+}
+
 /// A simple Query inside a transaction block answered from the cache, when nothing is owed
 /// to the client before it (so the answer goes out in order) and no SET is pending.
 fn hit_in_block(frame: &Frame, link: &mut Link<'_>) -> Option<Bytes> {
@@ -273,6 +295,18 @@ fn parse(
     registry: &StatementRegistry,
     out: &mut BytesMut,
 ) -> Result<bool, WireError> {
+    // Drivers parse the same unnamed statement again for every query: when it is the one
+    // that went out last time as the client sent it, it needs no decoding or planning.
+    let again = link
+        .client
+        .unnamed
+        .as_ref()
+        .filter(|u| u.plain && u.parse[..] == *frame.raw())
+        .map(|u| u.parse.clone());
+    if let Some(parse) = again {
+        unnamed_parsed(link, parse, None, true, out);
+        return Ok(false);
+    }
     let msg = Parse::decode(frame.body_bytes())?;
     let name = text(&msg.name)?.to_owned();
     let sql = text(&msg.query)?;
@@ -281,8 +315,12 @@ fn parse(
         emit_raise(&duplicate(&name), link, out);
         return Ok(false);
     }
+    let mut tracked = true;
     let (sql, outcome) = match planner(link, registry).plan(sql, Protocol::Extended { named }) {
-        Plan::Plain => (None, None),
+        Plan::Plain => {
+            tracked = false;
+            (None, None)
+        }
         Plan::Refused(e) => {
             emit_raise(&e, link, out);
             return Ok(false);
@@ -299,20 +337,12 @@ fn parse(
     };
     if !named {
         // A copy: a slice of the read buffer would pin it until the next Parse.
+        let plain = !tracked;
         let parse = match &sql {
             None => Bytes::copy_from_slice(frame.raw()),
             Some(sql) => encode_parse("", sql, &msg.param_types),
         };
-        link.client.parses += 1;
-        let seq = link.client.parses;
-        out.extend_from_slice(&parse);
-        link.client.unnamed = Some(Unnamed {
-            seq,
-            parse,
-            outcome,
-        });
-        link.server.unnamed = Some((link.client.tag, seq));
-        link.queue.push_back(Entry::forward(Expect::Parse));
+        unnamed_parsed(link, parse, outcome, plain, out);
         return Ok(false);
     }
     let final_sql = sql

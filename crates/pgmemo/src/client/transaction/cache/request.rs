@@ -216,6 +216,7 @@ impl TxnCache {
                     seq: state.parses,
                     parse: Bytes::copy_from_slice(parse),
                     outcome: None,
+                    plain: false,
                 });
             }
         }
