@@ -631,6 +631,59 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
     .await
 }
 
+/// While a statement runs, pgmemo still watches its client: a client that dies then gives
+/// its place back at once (the busy server is closed, not pooled), so the next client neither
+/// waits for the statement to end nor inherits the busy backend.
+#[tokio::test]
+async fn a_client_killed_mid_statement_frees_its_place_at_once() {
+    within(TEST_DEADLINE, async {
+        let direct = LocalPostgres.client(USER, DB).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let (a, a_conn) = connect_watched(&pgmemo.url(USER, DB)).await;
+        let tag = unique("killed_mid_statement");
+        let sleep = format!("SELECT pg_sleep(5), '{tag}'");
+        let sleeper = tokio::spawn(async move { a.simple_query(&sleep).await });
+        testkit::assert_eventually(SOON, "A's statement is running", || async {
+            let running: i64 = direct
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE state = 'active' AND query LIKE '%' || $1 || '%' \
+                     AND pid <> pg_backend_pid()",
+                    &[&tag],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            running == 1
+        })
+        .await;
+        let busy: i32 = direct
+            .query_one(
+                "SELECT pid FROM pg_stat_activity WHERE state = 'active' \
+                 AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()",
+                &[&tag],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let killed = Instant::now();
+        a_conn.abort();
+        let _ = a_conn.await;
+        let _ = sleeper.await;
+
+        let b = pgmemo.client(USER, DB).await;
+        let b_pid = backend_pid(&b).await;
+        assert!(
+            killed.elapsed() < Duration::from_secs(4),
+            "B waited {:?} for A's statement",
+            killed.elapsed()
+        );
+        assert_ne!(b_pid, busy, "B got the backend still running A's statement");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
 #[tokio::test]
 async fn idle_transaction_timeout_disconnects_the_idle_client_and_frees_the_server() {
     within(TEST_DEADLINE, async {

@@ -10,6 +10,7 @@ mod lease;
 mod prepared;
 mod server;
 pub mod settings;
+mod wait;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,6 +25,7 @@ pub use prepared::{
     StatementSource,
 };
 pub use server::{ServerConn, ServerCredential, ServerError, ServerSession};
+pub use wait::WaitTimer;
 
 /// Identifies a pool: the real server, database and user of its connections.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -190,6 +192,25 @@ impl Pool {
             Ok(None) => Box::pin(self.wait_for_place(wait)).await,
             Err(e) => Err(e),
         }
+    }
+
+    /// As [`Pool::acquire`], with the client's own reusable deadline (transaction pooling
+    /// queues once per transaction; see [`WaitTimer`] for what that saves and costs).
+    pub async fn acquire_timed(
+        self: &Arc<Self>,
+        wait: Duration,
+        timer: &mut WaitTimer,
+    ) -> Result<Lease, PoolError> {
+        if let Some(lease) = self.try_acquire()? {
+            return Ok(lease);
+        }
+        let sleep = timer.arm(wait);
+        let permit = tokio::select! {
+            biased;
+            p = self.semaphore.clone().acquire_owned() => p.map_err(|_| PoolError::Closed)?,
+            _ = sleep => return Err(PoolError::WaitTimeout(wait)),
+        };
+        Ok(Lease::new(self.clone(), permit))
     }
 
     /// A free place without waiting (and without arming a timer: transaction pooling asks once

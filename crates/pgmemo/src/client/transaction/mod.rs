@@ -33,7 +33,9 @@ use crate::config::Config;
 use crate::hash::Map;
 use crate::net::MaybeTls;
 use crate::pool::settings::{parse_options, sync_sql, valid_name, ClientSettings};
-use crate::pool::{Lease, Pool, PoolSettings, ReleaseState, ServerConn, StatementRegistry};
+use crate::pool::{
+    Lease, Pool, PoolSettings, ReleaseState, ServerConn, StatementRegistry, WaitTimer,
+};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -335,12 +337,29 @@ async fn wait_for_request(
     }
 }
 
+/// Whether `buf` holds only whole messages, none of them Terminate (which the pumps handle).
+fn whole_requests(buf: &[u8], max_message: usize) -> bool {
+    let mut at = 0;
+    while at < buf.len() {
+        match FrameHeader::peek(&buf[at..], max_message) {
+            Ok(Some(h))
+                if h.tag != wire::frontend::tag::TERMINATE && buf.len() - at >= h.frame_len =>
+            {
+                at += h.frame_len
+            }
+            _ => return false,
+        }
+    }
+    at > 0
+}
+
 /// What taking a server needs, derived from the configuration once and again only after a
 /// reload (building it per transaction would lock the pool map and copy strings every time).
 struct Checkout {
     config: Arc<Config>,
     pool: Arc<Pool>,
     settings: PoolSettings,
+    wait_timer: WaitTimer,
 }
 
 impl Checkout {
@@ -354,6 +373,7 @@ impl Checkout {
             settings: pool_settings(&config),
             pool,
             config,
+            wait_timer: WaitTimer::default(),
         }
     }
 
@@ -383,14 +403,18 @@ impl Checkout {
 
     /// Takes a server connection for one transaction: an idle one of the pool, or a new one.
     async fn attach(
-        &self,
+        &mut self,
         shared: &Arc<Shared>,
         route: &Route,
     ) -> Result<(Lease, Box<ServerConn>), ClientError> {
         let wait = self.config.query_wait_timeout.0;
-        let mut lease = self.pool.acquire(wait).await.inspect_err(|_| {
-            Stats::bump(&shared.stats.pool_wait_timeouts);
-        })?;
+        let mut lease = self
+            .pool
+            .acquire_timed(wait, &mut self.wait_timer)
+            .await
+            .inspect_err(|_| {
+                Stats::bump(&shared.stats.pool_wait_timeouts);
+            })?;
         if let Some(conn) = lease.take_idle(route.fingerprint, &self.settings).await {
             return Ok((lease, conn));
         }
@@ -567,6 +591,21 @@ impl Pumps<'_, '_> {
         SR: AsyncRead + Unpin,
         SW: AsyncWrite + Unpin,
     {
+        if let Some(outcome) = self
+            .sequential(
+                (cr, cw, sr, sw),
+                (client_buf, server_buf),
+                (client_out, server_out),
+                params,
+                terminated,
+            )
+            .await
+        {
+            return match outcome {
+                Ok(()) => Attached::Released,
+                Err(end) => Attached::Ended(end),
+            };
+        }
         let outcome = tokio::select! {
             biased;
             r = self.client_to_server(cr, client_buf, sw, server_out) => match r {
@@ -583,6 +622,116 @@ impl Pumps<'_, '_> {
         match outcome {
             Ok(()) => Attached::Released,
             Err(end) => Attached::Ended(end),
+        }
+    }
+
+    /// The common case without the two pumps: the client's request arrived whole, so it is
+    /// translated and sent at once, and then only the answers are relayed, one read of the
+    /// server after another, while the client is merely watched for more input. Running both
+    /// pumps costs a task wake-up's worth of polling on each side for every message. `None`
+    /// hands the transaction to the pumps from where it stands: the client sent more (or only
+    /// part of a message, or Terminate), a COPY wants the client's data, a batch is to be
+    /// replayed, or the client is to speak next inside its transaction.
+    #[allow(clippy::too_many_arguments)]
+    async fn sequential<CR, CW, SR, SW>(
+        &self,
+        (cr, cw, sr, sw): (&mut CR, &mut CW, &mut SR, &mut SW),
+        (client_buf, server_buf): (&mut BytesMut, &mut BytesMut),
+        (client_out, server_out): (&mut BytesMut, &mut BytesMut),
+        params: &mut Vec<(String, String)>,
+        terminated: &mut (impl Future<Output = ()> + Unpin),
+    ) -> Option<Result<(), End>>
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        SR: AsyncRead + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        if !whole_requests(client_buf, self.opts.max_message) {
+            return None;
+        }
+        server_out.clear();
+        let translated = {
+            let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+            let mut translated = Ok(false);
+            while let Ok(Some(frame)) = Frame::decode(client_buf, self.opts.max_message) {
+                translated = requests::translate(frame, &mut link, self.registry, server_out);
+                if translated.is_err() {
+                    break;
+                }
+            }
+            translated
+        };
+        if let Err(e) = translated {
+            return Some(Err(self.end_for(PumpError::Protocol(e), cw).await));
+        }
+        if !server_out.is_empty() {
+            let sent = async {
+                sw.write_all(server_out).await?;
+                sw.flush().await
+            };
+            if let Err(e) = sent.await {
+                return Some(Err(self.end_for(PumpError::Server(e), cw).await));
+            }
+            server_out.clear();
+        }
+        client_out.clear();
+        loop {
+            let processed = {
+                let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                responses::process(server_buf, &mut link, params, client_out)
+            };
+            let processed = match processed {
+                Ok(p) => p,
+                Err(e) => return Some(Err(self.end_for(PumpError::ServerProtocol(e), cw).await)),
+            };
+            let answer: &[u8] = if processed.verbatim {
+                &server_buf[..processed.consumed]
+            } else {
+                client_out
+            };
+            if !answer.is_empty() || !processed.verbatim {
+                let sent = async {
+                    cw.write_all(answer).await?;
+                    cw.flush().await
+                };
+                if let Err(e) = sent.await {
+                    return Some(Err(End::ClientGone(Some(e))));
+                }
+            }
+            client_out.clear();
+            server_buf.advance(processed.consumed);
+            {
+                let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                if processed.released && link.releasable() {
+                    return Some(Ok(()));
+                }
+                if link.queue.is_empty() || link.copy_in || link.retry.is_some() {
+                    return None;
+                }
+            }
+            if processed.need > server_buf.len() {
+                server_buf.reserve(processed.need - server_buf.len());
+            }
+            refill_position(server_buf);
+            refill_position(client_buf);
+            tokio::select! {
+                biased;
+                r = sr.read_buf(server_buf) => match r {
+                    Ok(0) => {
+                        let e = std::io::ErrorKind::UnexpectedEof.into();
+                        return Some(Err(self.end_for(PumpError::Server(e), cw).await));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Some(Err(self.end_for(PumpError::Server(e), cw).await)),
+                },
+                r = cr.read_buf(client_buf) => match r {
+                    Ok(0) => return Some(Err(End::ClientGone(None))),
+                    Ok(_) => return None,
+                    Err(e) => return Some(Err(End::ClientGone(Some(e)))),
+                },
+                _ = &mut *terminated => return Some(Err(End::Shutdown)),
+            }
         }
     }
 
