@@ -246,6 +246,17 @@ impl Execute {
         Ok(msg)
     }
 
+    /// The portal an Execute body names, checked as [`Execute::decode`] checks it but
+    /// borrowed: a proxy that forwards the message as it is needs no copy of it.
+    pub fn portal_of(body: &[u8]) -> Result<&[u8], WireError> {
+        let end = memchr::memchr(0, body).ok_or(WireError::MissingTerminator)?;
+        match body.len() - end - 1 {
+            4 => Ok(&body[..end]),
+            n if n < 4 => Err(WireError::Truncated),
+            _ => Err(WireError::Malformed("trailing bytes after Execute")),
+        }
+    }
+
     /// Appends the Execute frame to `out`.
     pub fn encode(&self, out: &mut BytesMut) {
         put_message(out, tag::EXECUTE, |b| {

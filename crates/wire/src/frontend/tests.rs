@@ -337,3 +337,20 @@ fn check_decode(frame: crate::frame::Frame) -> Result<(), TestCaseError> {
     }
     Ok(())
 }
+
+proptest! {
+    /// The borrowed portal reader accepts exactly what `Execute::decode` accepts, with the
+    /// same portal and the same error.
+    #[test]
+    fn execute_portal_of_agrees_with_decode(body in prop::collection::vec(
+        prop_oneof![Just(0u8), any::<u8>()], 0..12,
+    )) {
+        let decoded = Execute::decode(Bytes::from(body.clone()));
+        let borrowed = Execute::portal_of(&body);
+        match (decoded, borrowed) {
+            (Ok(msg), Ok(portal)) => prop_assert_eq!(&msg.portal[..], portal),
+            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => prop_assert!(false, "decode {:?} but portal_of {:?}", a, b),
+        }
+    }
+}

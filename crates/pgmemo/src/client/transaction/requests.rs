@@ -73,20 +73,20 @@ pub fn translate(
                 }
                 Target::Statement => {
                     let name = text(&describe.name)?;
-                    let Some(server_name) = statement_for_use(name, link, out) else {
+                    let Some(statement) = statement_for_use(name, link, out) else {
                         return Ok(false);
                     };
-                    match server_name {
+                    match &statement {
                         None => out.extend_from_slice(frame.raw()),
-                        Some(server_name) => Describe {
+                        Some(statement) => Describe {
                             target: Target::Statement,
-                            name: Bytes::from(server_name),
+                            name: Bytes::copy_from_slice(statement.name.as_bytes()),
                         }
                         .encode(out),
                     }
                     let mut entry = Entry::forward(Expect::DescribeStatement);
-                    if !name.is_empty() {
-                        entry.uses = link.client.statements.get(name).cloned();
+                    if statement.is_some() {
+                        entry.uses = statement;
                         entry.frame = link.batch.len().saturating_sub(1);
                     }
                     link.queue.push_back(entry);
@@ -96,15 +96,15 @@ pub fn translate(
         }
         frontend::tag::EXECUTE => {
             batch_start(link, out);
-            let execute = Execute::decode(frame.body_bytes())?;
+            let portal = Execute::portal_of(frame.body())?;
             let mut entry = Entry::forward(Expect::Execute);
             if !link.portals.is_empty() {
-                if let Some(outcome) = link.portals.get(&execute.portal) {
+                if let Some(outcome) = link.portals.get(portal) {
                     entry.outcomes.push(Outcome::clone(outcome));
                 }
             }
             if let Some(cache) = link.cache.as_deref() {
-                entry.effects = Some(Box::new(cache.portal_effects(&execute.portal)));
+                entry.effects = Some(Box::new(cache.portal_effects(portal)));
             }
             out.extend_from_slice(frame.raw());
             link.queue.push_back(entry);
@@ -405,12 +405,13 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         .ok_or(WireError::MissingTerminator)?;
     let portal = &body[..portal_end];
     let name = std::str::from_utf8(&rest[..stmt_end]).map_err(|_| WireError::InvalidUtf8)?;
-    let Some(server_name) = statement_for_use(name, link, out) else {
+    let Some(statement) = statement_for_use(name, link, out) else {
         return Ok(());
     };
-    match server_name {
+    match &statement {
         None => out.extend_from_slice(frame.raw()),
-        Some(server_name) => {
+        Some(statement) => {
+            let server_name = &statement.name;
             let tail = &rest[stmt_end + 1..];
             let len = 4 + portal.len() + 1 + server_name.len() + 1 + tail.len();
             out.reserve(1 + len);
@@ -443,8 +444,8 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         bound(portal, name, link);
     }
     let mut entry = Entry::forward(Expect::Bind);
-    if !name.is_empty() {
-        entry.uses = link.client.statements.get(name).cloned();
+    if statement.is_some() {
+        entry.uses = statement;
         entry.frame = link.batch.len().saturating_sub(1);
     }
     link.queue.push_back(entry);
@@ -480,12 +481,12 @@ fn bound(portal: &[u8], name: &str, link: &mut Link<'_>) {
 
 /// Gets the statement a Bind or Describe names ready on the server. `None`: the name is
 /// unknown and an error was raised instead; `Some(None)`: use the message as it is (the
-/// unnamed statement); `Some(Some(name))`: use pgmemo's name.
+/// unnamed statement); `Some(Some(statement))`: use pgmemo's statement (and its name).
 fn statement_for_use(
     name: &str,
     link: &mut Link<'_>,
     out: &mut BytesMut,
-) -> Option<Option<String>> {
+) -> Option<Option<Arc<PreparedStatement>>> {
     if name.is_empty() {
         restore_unnamed(link, out);
         return Some(None);
@@ -495,7 +496,7 @@ fn statement_for_use(
         return None;
     };
     ensure(&statement, link, out);
-    Some(Some(statement.name.clone()))
+    Some(Some(statement))
 }
 
 fn ensure(statement: &Arc<PreparedStatement>, link: &mut Link<'_>, out: &mut BytesMut) {

@@ -102,12 +102,16 @@ pub fn process(
 }
 
 /// Sends pgmemo's own answers that are at the front of the queue. Returns whether any was.
+#[inline]
 fn emit_local(
     link: &mut Link<'_>,
     out: &mut BytesMut,
     forwarded: &[u8],
     verbatim: &mut bool,
 ) -> bool {
+    if link.queue.front().is_none_or(|e| e.expect != Expect::Local) {
+        return false;
+    }
     let mut any = false;
     while link
         .queue
