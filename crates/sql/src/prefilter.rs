@@ -68,18 +68,32 @@ pub fn may_affect_session(sql: &str) -> bool {
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
-        if is_ident(b) {
-            let end = bytes[i..]
-                .iter()
-                .position(|&c| !is_ident(c))
-                .map_or(bytes.len(), |n| i + n);
-            let word = &bytes[i..end];
-            if (starts.at_start() && is_statement_word(word)) || is_anywhere_word(word) {
-                return true;
+        match BYTE_CLASS[b as usize] {
+            Class::Ident => {
+                let start = i;
+                i += 1;
+                while i < bytes.len() && is_ident(bytes[i]) {
+                    i += 1;
+                }
+                let word = &bytes[start..i];
+                if may_be_listed(word)
+                    && ((starts.at_start() && is_statement_word(word)) || is_anywhere_word(word))
+                {
+                    return true;
+                }
+                starts.token();
+                continue;
             }
-            starts.token();
-            i = end;
-            continue;
+            Class::Blank => {
+                i += 1;
+                continue;
+            }
+            Class::Token => {
+                starts.token();
+                i += 1;
+                continue;
+            }
+            Class::Special => {}
         }
         let next = bytes.get(i + 1).copied();
         let step = match (b, next) {
@@ -105,7 +119,6 @@ pub fn may_affect_session(sql: &str) -> bool {
                 starts.semicolon();
                 1
             }
-            (b' ' | b'\t' | b'\x0b' | b'\x0c' | b'(', _) => 1,
             (b'&', Some(b'"')) if i > 0 && bytes[i - 1].eq_ignore_ascii_case(&b'u') => {
                 return true;
             }
@@ -118,6 +131,40 @@ pub fn may_affect_session(sql: &str) -> bool {
     }
     false
 }
+
+/// What a byte is to the scan.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Part of a word.
+    Ident,
+    /// Whitespace other than a line break, or `(`: skipped, a statement start stays one.
+    Blank,
+    /// May begin a comment, end one, end a line comment or a statement, or begin `U&"`:
+    /// looked at with the byte after it.
+    Special,
+    /// Any other token: readings at a statement start are past it.
+    Token,
+}
+
+/// Every byte's class (a table: every byte of every query string is looked up).
+static BYTE_CLASS: [Class; 256] = {
+    let mut t = [Class::Token; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        t[i] = if IDENT_BYTES[i] {
+            Class::Ident
+        } else {
+            match c {
+                b' ' | b'\t' | b'\x0b' | b'\x0c' | b'(' => Class::Blank,
+                b'/' | b'*' | b'-' | b'\n' | b'\r' | b';' | b'&' => Class::Special,
+                _ => Class::Token,
+            }
+        };
+        i += 1;
+    }
+    t
+};
 
 /// Every reading of the text seen so far that is still at a statement start.
 ///
@@ -220,16 +267,17 @@ fn may_be_listed(word: &[u8]) -> bool {
         )
 }
 
+/// Callers check [`may_be_listed`] first.
 fn is_statement_word(word: &[u8]) -> bool {
-    may_be_listed(word) && STATEMENT_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
+    STATEMENT_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
 }
 
+/// Callers check [`may_be_listed`] first.
 fn is_anywhere_word(word: &[u8]) -> bool {
-    may_be_listed(word)
-        && (ANYWHERE_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
-            || word
-                .get(..TEMP_SCHEMA_PREFIX.len())
-                .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX)))
+    ANYWHERE_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
+        || word
+            .get(..TEMP_SCHEMA_PREFIX.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX))
 }
 
 #[cfg(test)]
@@ -246,7 +294,7 @@ mod tests {
             assert!(may_be_listed(w), "{}", String::from_utf8_lossy(w));
             assert!(may_be_listed(&w.to_ascii_lowercase()));
         }
-        assert!(is_anywhere_word(b"pg_temp_12"));
+        assert!(may_be_listed(b"pg_temp_12") && is_anywhere_word(b"pg_temp_12"));
         assert!(!may_be_listed(b"abalance"));
     }
 }
