@@ -35,6 +35,33 @@ async fn hold(client: &Client) -> i32 {
     backend_pid(client).await
 }
 
+/// A client gets the server it had last whenever that one is idle, even when another server
+/// was returned more recently (which it would get otherwise).
+#[tokio::test]
+async fn a_client_gets_its_last_server_back_when_it_is_idle() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let c = pgmemo.client(USER, DB).await;
+        let first = backend_pid(&a).await;
+        // C holds the only idle server, so A's next statement opens the second one.
+        assert_eq!(hold(&c).await, first);
+        let own = backend_pid(&a).await;
+        assert_ne!(own, first);
+        // C gives its server back after A: that one is now the most recently returned.
+        c.batch_execute("COMMIT").await.unwrap();
+        for _ in 0..3 {
+            assert_eq!(
+                backend_pid(&a).await,
+                own,
+                "A was moved off its idle server"
+            );
+        }
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------------
 // Prepared statements with tokio-postgres.
 

@@ -127,7 +127,7 @@ pub async fn login(
             Stats::bump(&shared.stats.pool_wait_timeouts);
         })?;
         if pool.trust_known() {
-            if let Some(conn) = lease.take_idle(route.fingerprint, &settings).await {
+            if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
                 client.send(&backend::authentication_ok()).await?;
                 return Ok((route, lease, conn));
             }
@@ -146,7 +146,7 @@ pub async fn login(
     let mut lease = pool.acquire(wait).await.inspect_err(|_| {
         Stats::bump(&shared.stats.pool_wait_timeouts);
     })?;
-    if let Some(conn) = lease.take_idle(route.fingerprint, &settings).await {
+    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
         return Ok((route, lease, conn));
     }
     lease.reserve_new();

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::OwnedSemaphorePermit;
 use wire::backend::TransactionStatus;
+use wire::startup::CancelKey;
 
 use super::{Pool, PoolSettings, ServerConn};
 
@@ -45,16 +46,30 @@ impl Lease {
     /// Takes an idle connection opened with the same startup parameters, skipping (and
     /// closing) ones that expired or whose server went away. Connections idle for longer than
     /// `server_check_delay` are checked with `server_check_query` first.
+    ///
+    /// `prefer` names the server the client had last (transaction pooling): when it is idle
+    /// the client gets it back, so a client that finds its own server free works with warm
+    /// caches (the kernel's socket state, the backend's memory) and with settings and unnamed
+    /// statement already in place. Otherwise the most recently returned one is taken.
     pub async fn take_idle(
         &mut self,
         fingerprint: u64,
         settings: &PoolSettings,
+        prefer: Option<CancelKey>,
     ) -> Option<Box<ServerConn>> {
         debug_assert!(!self.counted);
         loop {
             let mut conn = {
                 let mut st = self.pool.state();
-                let pos = st.idle.iter().rposition(|c| c.fingerprint == fingerprint)?;
+                let preferred = prefer.and_then(|key| {
+                    st.idle
+                        .iter()
+                        .position(|c| c.key == Some(key) && c.fingerprint == fingerprint)
+                });
+                let pos = match preferred {
+                    Some(pos) => pos,
+                    None => st.idle.iter().rposition(|c| c.fingerprint == fingerprint)?,
+                };
                 st.idle.remove(pos)
             }?;
             self.counted = true;

@@ -360,6 +360,8 @@ struct Checkout {
     pool: Arc<Pool>,
     settings: PoolSettings,
     wait_timer: WaitTimer,
+    /// The server this client had last: it gets that one again when it is idle.
+    last_server: Option<wire::startup::CancelKey>,
 }
 
 impl Checkout {
@@ -374,6 +376,7 @@ impl Checkout {
             pool,
             config,
             wait_timer: WaitTimer::default(),
+            last_server: None,
         }
     }
 
@@ -415,12 +418,17 @@ impl Checkout {
             .inspect_err(|_| {
                 Stats::bump(&shared.stats.pool_wait_timeouts);
             })?;
-        if let Some(conn) = lease.take_idle(route.fingerprint, &self.settings).await {
+        if let Some(conn) = lease
+            .take_idle(route.fingerprint, &self.settings, self.last_server)
+            .await
+        {
+            self.last_server = conn.key;
             return Ok((lease, conn));
         }
         lease.reserve_new();
         // Boxed: opening a connection is rare once the pool is warm, and its future is large.
         let conn = Box::pin(open_authenticated(shared, route)).await?;
+        self.last_server = conn.key;
         Ok((lease, conn))
     }
 }
