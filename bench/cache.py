@@ -647,8 +647,10 @@ def parse_args():
     p.add_argument("--nullpg-src", type=Path, default=DEFAULT_NULLPG_SRC, help="nullpg's source")
     p.add_argument("--nullpg-bin", help="use this nullpg binary (no build)")
     p.add_argument("--no-build", action="store_true", help="use existing binaries, build nothing")
-    p.add_argument("--pgmemo-workers", type=int, default=1,
-                   help="pgmemo --worker-threads (0 = one per core)")
+    # pgmemo's own default, one worker per core: nullpg, the ceiling for hits, runs two
+    # worker threads, so a one-thread pgmemo would be measured against a wider server.
+    p.add_argument("--pgmemo-workers", type=int, default=0,
+                   help="pgmemo --worker-threads (default 0: one per core, pgmemo's default)")
     p.add_argument("--synchronous-commit", choices=("on", "off"), default="off",
                    help="synchronous_commit of the benchmark database (ALTER DATABASE): off keeps "
                         "the disk's fsync latency out of the read/write mix")
