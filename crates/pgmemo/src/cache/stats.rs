@@ -59,7 +59,6 @@ impl Default for CacheStats {
 }
 
 impl CacheStats {
-    /// Counts one request that was not cached, by reason.
     /// Counts a hit answered from `entry`, and the upstream time it saved.
     pub fn served(&self, entry: &super::store::Entry) {
         self.hits.fetch_add(1, Ordering::Relaxed);
@@ -68,8 +67,22 @@ impl CacheStats {
         entry.query.hit(entry.miss_micros);
     }
 
+    /// Counts one request that was not cached, by reason.
     pub fn refused(&self, reason: Refusal) {
         self.refusals[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a statement's request refused for `reason`, on the cache and on the statement.
+    pub fn refused_query(&self, reason: Refusal, query: &QueryStats) {
+        self.refused(reason);
+        query.miss(Some(reason));
+    }
+
+    /// Counts a cacheable request that missed (stored or not), on the cache and on the
+    /// statement.
+    pub fn missed(&self, query: &QueryStats) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        query.miss(None);
     }
 
     /// Refusal counts by reason name, leaving out reasons never seen.

@@ -513,18 +513,12 @@ impl Requests<'_> {
                 None => Action::Forward,
             },
             Err(r) => {
-                self.shared.cache.stats.refused(r);
-                plan.query.miss(Some(r));
+                self.shared.cache.stats.refused_query(r, &plan.query);
                 Action::Forward
             }
         };
         if matches!(action, Action::Capture(_)) {
-            self.shared
-                .cache
-                .stats
-                .misses
-                .fetch_add(1, Ordering::Relaxed);
-            plan.query.miss(None);
+            self.shared.cache.stats.missed(&plan.query);
         }
         let inert = plan.read.is_ok() && plan.effects.is_empty() && !time_literal;
         self.request_sent(plan.effects.clone(), action, inert, Vec::new());
@@ -556,8 +550,7 @@ impl Requests<'_> {
         let cache = &self.shared.cache;
         if !cache.admits(&self.session.key, &plan.query, config) {
             // A miss all the same, just not stored.
-            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
-            plan.query.miss(None);
+            cache.stats.missed(&plan.query);
             return None;
         }
         Some(Capture::for_read(
@@ -906,8 +899,7 @@ impl Requests<'_> {
                         }
                     }
                     Err(r) => {
-                        self.shared.cache.stats.refused(r);
-                        plan.query.miss(Some(r));
+                        self.shared.cache.stats.refused_query(r, &plan.query);
                     }
                 }
             }
@@ -940,12 +932,7 @@ impl Requests<'_> {
             None => Action::Forward,
         };
         if let Action::Capture(c) = &action {
-            self.shared
-                .cache
-                .stats
-                .misses
-                .fetch_add(1, Ordering::Relaxed);
-            c.query.miss(None);
+            self.shared.cache.stats.missed(&c.query);
         }
         if let Some(parse) = self.unnamed_restore(bytes, frames) {
             self.restore_unnamed(parse, server).await?;
@@ -1002,8 +989,7 @@ impl Requests<'_> {
         let capture = match refused {
             Ok(()) => self.capture_built(&plan, config),
             Err(r) => {
-                self.shared.cache.stats.refused(r);
-                plan.query.miss(Some(r));
+                self.shared.cache.stats.refused_query(r, &plan.query);
                 None
             }
         };
@@ -1035,12 +1021,7 @@ impl Requests<'_> {
                 .await?
             {
                 Some(c) => {
-                    self.shared
-                        .cache
-                        .stats
-                        .misses
-                        .fetch_add(1, Ordering::Relaxed);
-                    c.query.miss(None);
+                    self.shared.cache.stats.missed(&c.query);
                     Action::Capture(c)
                 }
                 // Answered from the entry another session just stored.

@@ -685,30 +685,10 @@ impl Pumps<'_, '_> {
         }
         client_out.clear();
         loop {
-            let processed = {
-                let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-                responses::process(server_buf, &mut link, params, client_out)
-            };
-            let processed = match processed {
+            let processed = match self.relay_answers(server_buf, cw, params, client_out).await {
                 Ok(p) => p,
-                Err(e) => return Some(Err(self.end_for(PumpError::ServerProtocol(e), cw).await)),
+                Err(e) => return Some(Err(self.end_for(e, cw).await)),
             };
-            let answer: &[u8] = if processed.verbatim {
-                &server_buf[..processed.consumed]
-            } else {
-                client_out
-            };
-            if !answer.is_empty() || !processed.verbatim {
-                let sent = async {
-                    cw.write_all(answer).await?;
-                    cw.flush().await
-                };
-                if let Err(e) = sent.await {
-                    return Some(Err(End::ClientGone(Some(e))));
-                }
-            }
-            client_out.clear();
-            server_buf.advance(processed.consumed);
             {
                 let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 if processed.released && link.releasable() {
@@ -741,6 +721,35 @@ impl Pumps<'_, '_> {
                 _ = &mut *terminated => return Some(Err(End::Shutdown)),
             }
         }
+    }
+
+    /// One pass over the server's bytes: matches them with what the client is owed, writes
+    /// the client's share and consumes them.
+    async fn relay_answers<W: AsyncWrite + Unpin>(
+        &self,
+        buf: &mut BytesMut,
+        client: &mut W,
+        params: &mut Vec<(String, String)>,
+        out: &mut BytesMut,
+    ) -> Result<responses::Processed, PumpError> {
+        let processed = {
+            let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+            responses::process(buf, &mut link, params, out).map_err(PumpError::ServerProtocol)?
+        };
+        let answer: &[u8] = if processed.verbatim {
+            &buf[..processed.consumed]
+        } else {
+            out
+        };
+        if !answer.is_empty() {
+            client.write_all(answer).await.map_err(PumpError::Client)?;
+        }
+        if processed.consumed > 0 || !processed.verbatim {
+            client.flush().await.map_err(PumpError::Client)?;
+        }
+        out.clear();
+        buf.advance(processed.consumed);
+        Ok(processed)
     }
 
     async fn end_for<CW: AsyncWrite + Unpin>(&self, e: PumpError, cw: &mut CW) -> End {
@@ -852,34 +861,17 @@ impl Pumps<'_, '_> {
     {
         out.clear();
         loop {
-            let mut replay = false;
-            let (processed, idle_in_txn) = {
-                let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-                let p = responses::process(buf, &mut link, params, out)
-                    .map_err(PumpError::ServerProtocol)?;
-                if link.retry.is_some() {
+            let processed = self.relay_answers(buf, client, params, out).await?;
+            let (replay, idle_in_txn) = {
+                let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                let replay = link.retry.is_some();
+                if replay {
                     self.retry.raise();
-                    replay = true;
                 }
                 let idle_in_txn =
                     link.queue.is_empty() && link.client.status != TransactionStatus::Idle;
-                (p, idle_in_txn)
+                (replay, idle_in_txn)
             };
-            if processed.verbatim {
-                if processed.consumed > 0 {
-                    client
-                        .write_all(&buf[..processed.consumed])
-                        .await
-                        .map_err(PumpError::Client)?;
-                }
-            } else if !out.is_empty() {
-                client.write_all(out).await.map_err(PumpError::Client)?;
-                out.clear();
-            }
-            if processed.consumed > 0 || !processed.verbatim {
-                client.flush().await.map_err(PumpError::Client)?;
-            }
-            buf.advance(processed.consumed);
             if replay {
                 // The client pump runs first in each pass: let it see the flag now.
                 tokio::task::yield_now().await;

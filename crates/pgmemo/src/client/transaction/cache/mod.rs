@@ -344,8 +344,7 @@ impl TxnCache {
         };
         let refusal = refusal(&plan, usable, time_literal || request.time_word, &context);
         if let Err(r) = refusal {
-            self.shared.cache.stats.refused(r);
-            plan.query.miss(Some(r));
+            self.shared.cache.stats.refused_query(r, &plan.query);
             return None;
         }
         let read = plan.read.as_ref().ok()?;
@@ -354,8 +353,7 @@ impl TxnCache {
         let cache = &self.shared.cache;
         if !cache.admits(&self.key, &plan.query, &config) {
             // A miss all the same, just not stored.
-            cache.stats.misses.fetch_add(1, Ordering::Relaxed);
-            plan.query.miss(None);
+            cache.stats.missed(&plan.query);
             return None;
         }
         let mut capture = Capture::for_read(&self.key, read, &plan.query, &self.db, &config);
@@ -370,12 +368,7 @@ impl TxnCache {
                 Flight::Follower(_) => None,
             }
         });
-        self.shared
-            .cache
-            .stats
-            .misses
-            .fetch_add(1, Ordering::Relaxed);
-        plan.query.miss(None);
+        self.shared.cache.stats.missed(&plan.query);
         self.capture = Some(Filling::new(capture, std::mem::take(&mut self.scratch)));
         None
     }
