@@ -10,34 +10,6 @@
 //! a `/*` or `--` that turns out to sit inside a literal cannot hide a later statement (see
 //! [`Starts`]).
 
-/// Words that make a statement session-affecting when they begin it: settings (`SET`,
-/// `RESET`), SQL-level prepared statements, `DISCARD`, `LISTEN`/`UNLISTEN` and cursors. Matched
-/// only at a statement start, since `SET` also appears inside every `UPDATE`.
-const STATEMENT_WORDS: [&[u8]; 8] = [
-    b"SET",
-    b"RESET",
-    b"PREPARE",
-    b"DEALLOCATE",
-    b"DISCARD",
-    b"LISTEN",
-    b"UNLISTEN",
-    b"DECLARE",
-];
-
-/// Words that matter wherever they appear: temporary relations, the function form of `SET`,
-/// session-level advisory locks, and `EXECUTE`, which also runs a session's prepared statement
-/// from inside `EXPLAIN EXECUTE` and `CREATE TABLE ... AS EXECUTE`.
-const ANYWHERE_WORDS: [&[u8]; 8] = [
-    b"TEMP",
-    b"TEMPORARY",
-    b"EXECUTE",
-    b"SET_CONFIG",
-    b"PG_ADVISORY_LOCK",
-    b"PG_ADVISORY_LOCK_SHARED",
-    b"PG_TRY_ADVISORY_LOCK",
-    b"PG_TRY_ADVISORY_LOCK_SHARED",
-];
-
 /// Words starting with this name the session's temporary schema (`pg_temp`, `pg_temp_3`):
 /// `CREATE TABLE pg_temp.t` makes a temporary table without saying `TEMP`.
 const TEMP_SCHEMA_PREFIX: &[u8] = b"PG_TEMP";
@@ -62,8 +34,8 @@ const TEMP_SCHEMA_PREFIX: &[u8] = b"PG_TEMP";
 /// assert!(sql::may_affect_session("select 1; select pg_advisory_lock(7)"));
 /// assert!(!sql::may_affect_session("UPDATE accounts SET balance = 0 WHERE id = 1"));
 /// ```
-pub fn may_affect_session(sql: &str) -> bool {
-    let bytes = sql.as_bytes();
+pub fn may_affect_session(sql: impl AsRef<[u8]>) -> bool {
+    let bytes = sql.as_ref();
     let mut starts = Starts::new();
     let mut i = 0;
     while i < bytes.len() {
@@ -71,14 +43,9 @@ pub fn may_affect_session(sql: &str) -> bool {
         match BYTE_CLASS[b as usize] {
             Class::Ident => {
                 let start = i;
-                i += 1;
-                while i < bytes.len() && is_ident(bytes[i]) {
-                    i += 1;
-                }
+                i = word_end(bytes, i + 1);
                 let word = &bytes[start..i];
-                if may_be_listed(word)
-                    && ((starts.at_start() && is_statement_word(word)) || is_anywhere_word(word))
-                {
+                if listed(word, starts.at_start()) {
                     return true;
                 }
                 starts.token();
@@ -255,46 +222,148 @@ fn is_ident(b: u8) -> bool {
     IDENT_BYTES[b as usize]
 }
 
-/// Whether a word's first letter and length fit one of the words of either list at all: most
-/// words of a query (`SELECT`, column and table names) are out here, before any comparison.
-/// Every word of both lists, and the temporary schema prefix, starts with one of these letters
-/// and is 3 to 27 bytes long.
-fn may_be_listed(word: &[u8]) -> bool {
-    (3..=27).contains(&word.len())
-        && matches!(
-            word[0].to_ascii_uppercase(),
-            b'S' | b'R' | b'P' | b'D' | b'L' | b'U' | b'T' | b'E'
-        )
+/// The end of the word whose bytes before `i` were identifier characters. Four bytes per step
+/// while they last: most of a query's bytes are in words, and one branch per four bytes costs
+/// about half of one per byte.
+#[inline(always)]
+fn word_end(bytes: &[u8], mut i: usize) -> usize {
+    while let Some(&[a, b, c, d]) = bytes.get(i..i + 4) {
+        if !(is_ident(a) & is_ident(b) & is_ident(c) & is_ident(d)) {
+            break;
+        }
+        i += 4;
+    }
+    while i < bytes.len() && is_ident(bytes[i]) {
+        i += 1;
+    }
+    i
 }
 
-/// Callers check [`may_be_listed`] first.
-fn is_statement_word(word: &[u8]) -> bool {
-    STATEMENT_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
-}
-
-/// Callers check [`may_be_listed`] first.
-fn is_anywhere_word(word: &[u8]) -> bool {
-    ANYWHERE_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
-        || word
-            .get(..TEMP_SCHEMA_PREFIX.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX))
+/// Whether `word` is one of the words [`may_affect_session`] looks for: a statement word
+/// (`SET`, `RESET`, `PREPARE`, `DEALLOCATE`, `DISCARD`, `LISTEN`, `UNLISTEN`, `DECLARE`; counted
+/// only `at_start`), an anywhere word (`TEMP`, `TEMPORARY`, `EXECUTE`, `SET_CONFIG`, the four
+/// session-level advisory lock functions), or one beginning with [`TEMP_SCHEMA_PREFIX`]. Every word of every query comes
+/// here, so its length and first letter pick the one or two candidates worth comparing; most
+/// words (`SELECT`, column and table names) match no arm at all.
+#[inline(always)]
+fn listed(word: &[u8], at_start: bool) -> bool {
+    let is = |w: &[u8]| word.eq_ignore_ascii_case(w);
+    // ASCII letters fold to lower case; digits, `_` and `$` fold to no letter.
+    let first = word[0] | 0x20;
+    let statement = at_start
+        && match (word.len(), first) {
+            (3, b's') => is(b"SET"),
+            (5, b'r') => is(b"RESET"),
+            (6, b'l') => is(b"LISTEN"),
+            (7, b'p') => is(b"PREPARE"),
+            (7, b'd') => is(b"DISCARD") || is(b"DECLARE"),
+            (8, b'u') => is(b"UNLISTEN"),
+            (10, b'd') => is(b"DEALLOCATE"),
+            _ => false,
+        };
+    statement
+        || match (word.len(), first) {
+            (4, b't') => is(b"TEMP"),
+            (9, b't') => is(b"TEMPORARY"),
+            (7, b'e') => is(b"EXECUTE"),
+            (10, b's') => is(b"SET_CONFIG"),
+            (n, b'p') if n >= TEMP_SCHEMA_PREFIX.len() => {
+                word[..TEMP_SCHEMA_PREFIX.len()].eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX)
+                    || match n {
+                        16 => is(b"PG_ADVISORY_LOCK"),
+                        20 => is(b"PG_TRY_ADVISORY_LOCK"),
+                        23 => is(b"PG_ADVISORY_LOCK_SHARED"),
+                        27 => is(b"PG_TRY_ADVISORY_LOCK_SHARED"),
+                        _ => false,
+                    }
+            }
+            _ => false,
+        }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Words that make a statement session-affecting when they begin it: settings (`SET`,
+    /// `RESET`), SQL-level prepared statements, `DISCARD`, `LISTEN`/`UNLISTEN` and cursors. Matched
+    /// only at a statement start, since `SET` also appears inside every `UPDATE`.
+    const STATEMENT_WORDS: [&[u8]; 8] = [
+        b"SET",
+        b"RESET",
+        b"PREPARE",
+        b"DEALLOCATE",
+        b"DISCARD",
+        b"LISTEN",
+        b"UNLISTEN",
+        b"DECLARE",
+    ];
+
+    /// Words that matter wherever they appear: temporary relations, the function form of `SET`,
+    /// session-level advisory locks, and `EXECUTE`, which also runs a session's prepared statement
+    /// from inside `EXPLAIN EXECUTE` and `CREATE TABLE ... AS EXECUTE`.
+    const ANYWHERE_WORDS: [&[u8]; 8] = [
+        b"TEMP",
+        b"TEMPORARY",
+        b"EXECUTE",
+        b"SET_CONFIG",
+        b"PG_ADVISORY_LOCK",
+        b"PG_ADVISORY_LOCK_SHARED",
+        b"PG_TRY_ADVISORY_LOCK",
+        b"PG_TRY_ADVISORY_LOCK_SHARED",
+    ];
+
+    /// The definition `listed` implements with its length and first-letter dispatch.
+    fn in_lists(word: &[u8], at_start: bool) -> bool {
+        (at_start && STATEMENT_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w)))
+            || ANYWHERE_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
+            || word
+                .get(..TEMP_SCHEMA_PREFIX.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX))
+    }
+
     #[test]
-    fn every_listed_word_passes_the_first_letter_and_length_filter() {
+    fn listed_agrees_with_the_word_lists() {
+        let mut words: Vec<Vec<u8>> = Vec::new();
         for w in STATEMENT_WORDS
             .iter()
             .chain(ANYWHERE_WORDS.iter())
             .chain([&TEMP_SCHEMA_PREFIX])
         {
-            assert!(may_be_listed(w), "{}", String::from_utf8_lossy(w));
-            assert!(may_be_listed(&w.to_ascii_lowercase()));
+            words.push(w.to_vec());
+            words.push(w.to_ascii_lowercase());
+            let mut mixed = w.to_vec();
+            mixed[0] = mixed[0].to_ascii_lowercase();
+            words.push(mixed.clone());
+            // One byte off, longer, shorter.
+            let last = mixed.len() - 1;
+            mixed[last] ^= 1;
+            words.push(mixed);
+            words.push([w.to_vec(), b"x".to_vec()].concat());
+            words.push(w[..w.len() - 1].to_vec());
         }
-        assert!(may_be_listed(b"pg_temp_12") && is_anywhere_word(b"pg_temp_12"));
-        assert!(!may_be_listed(b"abalance"));
+        for w in [
+            &b"pg_temp_12"[..],
+            b"PG_TEMP",
+            b"pgbench_accounts",
+            b"abalance",
+            b"select",
+            b"_set",
+            b"$et",
+            b"1set",
+            b"Set_config",
+        ] {
+            words.push(w.to_vec());
+        }
+        for w in &words {
+            for at_start in [false, true] {
+                assert_eq!(
+                    listed(w, at_start),
+                    in_lists(w, at_start),
+                    "{} at_start={at_start}",
+                    String::from_utf8_lossy(w)
+                );
+            }
+        }
     }
 }

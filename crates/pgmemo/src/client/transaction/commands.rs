@@ -104,10 +104,14 @@ pub struct Planner<'a> {
 impl Planner<'_> {
     /// Plans `text`. Statements the analysis cannot parse are forwarded as they are: the
     /// server reports the syntax error.
-    pub fn plan(&mut self, text: &str, protocol: Protocol) -> Plan {
+    pub fn plan(&mut self, text: &[u8], protocol: Protocol) -> Plan {
         if !sql::may_affect_session(text) {
             return Plan::Plain;
         }
+        // Text that is not UTF-8 goes to the server as it is, which refuses it.
+        let Ok(text) = std::str::from_utf8(text) else {
+            return Plan::Plain;
+        };
         let Ok(analysis) = sql::analyze(text) else {
             return Plan::Plain;
         };

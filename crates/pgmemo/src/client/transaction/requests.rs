@@ -239,12 +239,9 @@ fn query(
 ) -> Result<(), WireError> {
     sync_settings(link, out);
     link.server.unnamed = None;
-    let body = frame.body();
-    let sql = body
-        .strip_suffix(b"\0")
-        .and_then(|b| std::str::from_utf8(b).ok());
-    let plan = match sql {
-        Some(sql) => planner(link, registry).plan(sql, Protocol::Simple),
+    let text = frame.body().strip_suffix(b"\0");
+    let plan = match text {
+        Some(text) => planner(link, registry).plan(text, Protocol::Simple),
         None => Plan::Plain,
     };
     let mut entry = Entry::forward(Expect::Query);
@@ -271,7 +268,7 @@ fn query(
     }
     let settings_pending = !link.txn.pending.is_empty();
     if let Some(cache) = link.cache.as_deref_mut() {
-        let effects = match sql {
+        let effects = match text.and_then(|b| std::str::from_utf8(b).ok()) {
             Some(sql) => cache.effects_of(sql, None, link.client, settings_pending),
             None => writes_anything(),
         };
@@ -316,25 +313,26 @@ fn parse(
         return Ok(false);
     }
     let mut tracked = true;
-    let (sql, outcome) = match planner(link, registry).plan(sql, Protocol::Extended { named }) {
-        Plan::Plain => {
-            tracked = false;
-            (None, None)
-        }
-        Plan::Refused(e) => {
-            emit_raise(&e, link, out);
-            return Ok(false);
-        }
-        Plan::Tracked {
-            text,
-            outcomes,
-            prep,
-            ..
-        } => {
-            emit_prep(&prep, true, link, out);
-            (text, outcomes.into_iter().next().map(Arc::new))
-        }
-    };
+    let (sql, outcome) =
+        match planner(link, registry).plan(sql.as_bytes(), Protocol::Extended { named }) {
+            Plan::Plain => {
+                tracked = false;
+                (None, None)
+            }
+            Plan::Refused(e) => {
+                emit_raise(&e, link, out);
+                return Ok(false);
+            }
+            Plan::Tracked {
+                text,
+                outcomes,
+                prep,
+                ..
+            } => {
+                emit_prep(&prep, true, link, out);
+                (text, outcomes.into_iter().next().map(Arc::new))
+            }
+        };
     if !named {
         // A copy: a slice of the read buffer would pin it until the next Parse.
         let plain = !tracked;

@@ -102,7 +102,8 @@ pub fn process(
 }
 
 /// Sends pgmemo's own answers that are at the front of the queue. Returns whether any was.
-#[inline]
+/// Asked before every message, answered "none" almost always: only that check is inlined.
+#[inline(always)]
 fn emit_local(
     link: &mut Link<'_>,
     out: &mut BytesMut,
@@ -112,6 +113,16 @@ fn emit_local(
     if link.queue.front().is_none_or(|e| e.expect != Expect::Local) {
         return false;
     }
+    emit_due_local(link, out, forwarded, verbatim)
+}
+
+#[inline(never)]
+fn emit_due_local(
+    link: &mut Link<'_>,
+    out: &mut BytesMut,
+    forwarded: &[u8],
+    verbatim: &mut bool,
+) -> bool {
     let mut any = false;
     while link
         .queue
