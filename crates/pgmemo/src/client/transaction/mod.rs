@@ -684,22 +684,34 @@ impl Pumps<'_, '_> {
             server_out.clear();
         }
         client_out.clear();
+        // Before the server has said anything, a pass over its bytes finds something to do
+        // only when pgmemo's own answers come first: otherwise the first step is to read.
+        let mut read_first = server_buf.is_empty() && {
+            let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+            link.queue
+                .front()
+                .is_some_and(|e| e.expect != link::Expect::Local)
+                && !link.copy_in
+                && link.retry.is_none()
+        };
         loop {
-            let processed = match self.relay_answers(server_buf, cw, params, client_out).await {
-                Ok(p) => p,
-                Err(e) => return Some(Err(self.end_for(e, cw).await)),
-            };
-            {
-                let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-                if processed.released && link.releasable() {
-                    return Some(Ok(()));
+            if !std::mem::take(&mut read_first) {
+                let processed = match self.relay_answers(server_buf, cw, params, client_out).await {
+                    Ok(p) => p,
+                    Err(e) => return Some(Err(self.end_for(e, cw).await)),
+                };
+                {
+                    let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                    if processed.released && link.releasable() {
+                        return Some(Ok(()));
+                    }
+                    if link.queue.is_empty() || link.copy_in || link.retry.is_some() {
+                        return None;
+                    }
                 }
-                if link.queue.is_empty() || link.copy_in || link.retry.is_some() {
-                    return None;
+                if processed.need > server_buf.len() {
+                    server_buf.reserve(processed.need - server_buf.len());
                 }
-            }
-            if processed.need > server_buf.len() {
-                server_buf.reserve(processed.need - server_buf.len());
             }
             refill_position(server_buf);
             refill_position(client_buf);
