@@ -242,9 +242,9 @@ fn word_end(bytes: &[u8], mut i: usize) -> usize {
 /// Whether `word` is one of the words [`may_affect_session`] looks for: a statement word
 /// (`SET`, `RESET`, `PREPARE`, `DEALLOCATE`, `DISCARD`, `LISTEN`, `UNLISTEN`, `DECLARE`; counted
 /// only `at_start`), an anywhere word (`TEMP`, `TEMPORARY`, `EXECUTE`, `SET_CONFIG`, the four
-/// session-level advisory lock functions), or one beginning with [`TEMP_SCHEMA_PREFIX`]. Every word of every query comes
-/// here, so its length and first letter pick the one or two candidates worth comparing; most
-/// words (`SELECT`, column and table names) match no arm at all.
+/// session-level advisory lock functions), or one beginning with [`TEMP_SCHEMA_PREFIX`].
+/// Every word of every query comes here, so its length and first letter pick the one or two
+/// candidates worth comparing; most words (`SELECT`, column and table names) match no arm.
 #[inline(always)]
 fn listed(word: &[u8], at_start: bool) -> bool {
     let is = |w: &[u8]| word.eq_ignore_ascii_case(w);

@@ -199,6 +199,12 @@ impl Link<'_> {
         }
     }
 
+    /// Whether the server still owes answers the relay can wait for by reading it: not while
+    /// a COPY wants the client's data or a batch is to be replayed (the pumps do those).
+    pub fn waits_for_server(&self) -> bool {
+        !self.queue.is_empty() && !self.copy_in && self.retry.is_none()
+    }
+
     /// Whether the server may go back to the pool: every answer delivered, the client between
     /// transactions and not in the middle of an extended-protocol batch.
     pub fn releasable(&self) -> bool {

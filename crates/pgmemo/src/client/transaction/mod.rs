@@ -688,11 +688,11 @@ impl Pumps<'_, '_> {
         // only when pgmemo's own answers come first: otherwise the first step is to read.
         let mut read_first = server_buf.is_empty() && {
             let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-            link.queue
-                .front()
-                .is_some_and(|e| e.expect != link::Expect::Local)
-                && !link.copy_in
-                && link.retry.is_none()
+            link.waits_for_server()
+                && link
+                    .queue
+                    .front()
+                    .is_some_and(|e| e.expect != link::Expect::Local)
         };
         loop {
             if !std::mem::take(&mut read_first) {
@@ -705,7 +705,7 @@ impl Pumps<'_, '_> {
                     if processed.released && link.releasable() {
                         return Some(Ok(()));
                     }
-                    if link.queue.is_empty() || link.copy_in || link.retry.is_some() {
+                    if !link.waits_for_server() {
                         return None;
                     }
                 }

@@ -313,26 +313,26 @@ fn parse(
         return Ok(false);
     }
     let mut tracked = true;
-    let (sql, outcome) =
-        match planner(link, registry).plan(sql.as_bytes(), Protocol::Extended { named }) {
-            Plan::Plain => {
-                tracked = false;
-                (None, None)
-            }
-            Plan::Refused(e) => {
-                emit_raise(&e, link, out);
-                return Ok(false);
-            }
-            Plan::Tracked {
-                text,
-                outcomes,
-                prep,
-                ..
-            } => {
-                emit_prep(&prep, true, link, out);
-                (text, outcomes.into_iter().next().map(Arc::new))
-            }
-        };
+    let plan = planner(link, registry).plan(sql.as_bytes(), Protocol::Extended { named });
+    let (sql, outcome) = match plan {
+        Plan::Plain => {
+            tracked = false;
+            (None, None)
+        }
+        Plan::Refused(e) => {
+            emit_raise(&e, link, out);
+            return Ok(false);
+        }
+        Plan::Tracked {
+            text,
+            outcomes,
+            prep,
+            ..
+        } => {
+            emit_prep(&prep, true, link, out);
+            (text, outcomes.into_iter().next().map(Arc::new))
+        }
+    };
     if !named {
         // A copy: a slice of the read buffer would pin it until the next Parse.
         let plain = !tracked;
