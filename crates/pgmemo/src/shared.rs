@@ -2,7 +2,7 @@
 //! configuration, the userlist, the pools, the cancel registry, TLS settings, counters and the
 //! shutdown signals. There are no globals; tests run several instances in one process.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -25,6 +25,9 @@ pub type Reloader = std::sync::Arc<dyn Fn() -> Result<Config, String> + Send + S
 /// Process-wide state shared by all sessions.
 pub struct Shared {
     config: ArcSwap<Config>,
+    /// Bumped after each reload, so a session notices one with a plain load instead of an
+    /// `ArcSwap` guard per request.
+    config_generation: AtomicU64,
     userlist: ArcSwap<Userlist>,
     client_tls: ArcSwap<Option<ClientTls>>,
     /// TLS client configuration for upstream connections (fixed at start: the upstream URL is).
@@ -63,6 +66,7 @@ impl Shared {
         let cache = crate::cache::Cache::new(config.cache_size.0 as u64);
         Ok(Arc::new(Shared {
             config: ArcSwap::from_pointee(config),
+            config_generation: AtomicU64::new(0),
             userlist: ArcSwap::from_pointee(userlist),
             client_tls: ArcSwap::from_pointee(client_tls),
             upstream_tls,
@@ -84,6 +88,12 @@ impl Shared {
     /// The configuration now in force (cheap: an atomic load).
     pub fn config(&self) -> arc_swap::Guard<Arc<Config>> {
         self.config.load()
+    }
+
+    /// Changes whenever the configuration is reloaded: read it before `config()`, and a later
+    /// equal reading means that configuration is still the one in force.
+    pub fn config_generation(&self) -> u64 {
+        self.config_generation.load(Ordering::Acquire)
     }
 
     /// The userlist now in force.
@@ -137,6 +147,7 @@ impl Shared {
         self.userlist.store(Arc::new(userlist));
         self.client_tls.store(Arc::new(client_tls));
         self.config.store(Arc::new(new));
+        self.config_generation.fetch_add(1, Ordering::Release);
         tracing::info!("configuration reloaded");
         Ok(())
     }

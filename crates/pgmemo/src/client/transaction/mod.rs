@@ -157,7 +157,7 @@ pub async fn run(
                 continue;
             }
         }
-        // A reload takes effect from the next request on (one pointer comparison each).
+        // A reload takes effect from the next request on (one integer comparison each).
         checkout.refresh(shared, route);
         if let Some(cache) = cache.as_mut() {
             cache.configure(&checkout.config);
@@ -356,6 +356,8 @@ fn whole_requests(buf: &[u8], max_message: usize) -> bool {
 /// What taking a server needs, derived from the configuration once and again only after a
 /// reload (building it per transaction would lock the pool map and copy strings every time).
 struct Checkout {
+    /// `Shared::config_generation` when `config` was read.
+    generation: u64,
     config: Arc<Config>,
     pool: Arc<Pool>,
     settings: PoolSettings,
@@ -366,12 +368,14 @@ struct Checkout {
 
 impl Checkout {
     fn new(shared: &Shared, route: &Route) -> Checkout {
+        let generation = shared.config_generation();
         let config = shared.config().clone();
         let pool = shared.pools.get(
             &route.key,
             config.pool_size_for(&route.client_database, &route.key.user),
         );
         Checkout {
+            generation,
             settings: pool_settings(&config),
             pool,
             config,
@@ -399,7 +403,7 @@ impl Checkout {
 
     /// Follows a reloaded configuration.
     fn refresh(&mut self, shared: &Shared, route: &Route) {
-        if !Arc::ptr_eq(&shared.config(), &self.config) {
+        if shared.config_generation() != self.generation {
             *self = Checkout::new(shared, route);
         }
     }
