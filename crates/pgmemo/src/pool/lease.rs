@@ -2,7 +2,7 @@
 //! connection, and on release resets the connection before another client can have it.
 
 use std::sync::Arc;
-use std::time::Instant;
+use super::Tick;
 
 use tokio::sync::OwnedSemaphorePermit;
 use wire::backend::TransactionStatus;
@@ -73,9 +73,9 @@ impl Lease {
                 st.idle.remove(pos)
             }?;
             self.counted = true;
-            let now = Instant::now();
+            let now = Tick::now();
             let healthy = !conn.expired(settings, now)
-                && (now.duration_since(conn.last_used) < settings.server_check_delay
+                && (!now.reached(conn.last_used, settings.server_check_delay)
                     || settings.server_check_query.is_empty()
                     // Rare (idle longer than server_check_delay): boxed, so that the
                     // query's future is not part of every checkout's.
@@ -129,7 +129,7 @@ impl Lease {
         tokio::spawn(async move {
             match reset(conn, state, &settings).await {
                 Some(mut conn) => {
-                    conn.last_used = Instant::now();
+                    conn.last_used = Tick::now();
                     pool.state().idle.push_back(conn);
                 }
                 None => {
@@ -149,7 +149,7 @@ impl Lease {
             self.discard(conn);
             return;
         }
-        conn.last_used = Instant::now();
+        conn.last_used = Tick::now();
         self.counted = false;
         self.pool.state().idle.push_back(conn);
         if let Some(permit) = self.permit.take() {

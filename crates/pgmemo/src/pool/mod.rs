@@ -6,6 +6,7 @@
 //! in the background before it becomes idle again; a connection that is not at a clean protocol
 //! boundary is closed instead, so no client ever inherits another's transaction or settings.
 
+mod clock;
 mod lease;
 mod prepared;
 mod server;
@@ -15,10 +16,11 @@ mod wait;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+pub use clock::Tick;
 pub use lease::{Lease, ReleaseState};
 pub use prepared::{
     ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
@@ -254,7 +256,7 @@ impl Pool {
         let mut st = self.state();
         match conn {
             Some(mut conn) => {
-                conn.last_used = Instant::now();
+                conn.last_used = Tick::now();
                 st.idle.push_back(conn);
             }
             None => st.total -= 1,
@@ -305,7 +307,7 @@ impl Pool {
     // Boxed as they are kept (see `ServerConn::open`): unboxing would copy each.
     #[allow(clippy::vec_box)]
     fn take_expired(&self, settings: &PoolSettings) -> Vec<Box<ServerConn>> {
-        let now = Instant::now();
+        let now = Tick::now();
         let mut st = self.state();
         let mut expired = Vec::new();
         let mut keep = VecDeque::with_capacity(st.idle.len());

@@ -2,7 +2,6 @@
 //! logging in as a client when pgmemo holds the credentials, finishing startup, and the small
 //! simple-query exchanges the pool needs (reset, health check, rollback).
 
-use std::time::Instant;
 
 use bytes::BytesMut;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
@@ -95,8 +94,8 @@ pub struct ServerConn {
     pub port: u16,
     /// Transaction status from the last ReadyForQuery.
     pub status: TransactionStatus,
-    pub created: Instant,
-    pub last_used: Instant,
+    pub created: super::Tick,
+    pub last_used: super::Tick,
     /// What transaction pooling has left on this connection for the clients it serves.
     pub session: ServerSession,
 }
@@ -152,8 +151,8 @@ impl ServerConn {
             host: host.into(),
             port,
             status: TransactionStatus::Idle,
-            created: Instant::now(),
-            last_used: Instant::now(),
+            created: super::Tick::now(),
+            last_used: super::Tick::now(),
             session: ServerSession::default(),
         });
         let msg = StartupMessage::encode(startup.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -301,9 +300,9 @@ impl ServerConn {
 
     /// Whether an idle connection must be closed rather than lent: past `server_lifetime` or
     /// `server_idle_timeout`, or its server closed it (or spoke unasked).
-    pub fn expired(&self, settings: &super::PoolSettings, now: Instant) -> bool {
-        now.duration_since(self.created) >= settings.server_lifetime
-            || now.duration_since(self.last_used) >= settings.server_idle_timeout
+    pub fn expired(&self, settings: &super::PoolSettings, now: super::Tick) -> bool {
+        now.reached(self.created, settings.server_lifetime)
+            || now.reached(self.last_used, settings.server_idle_timeout)
             || self.stream.peer_closed_or_spoke()
     }
 
