@@ -2,7 +2,8 @@
 //! session that key stands for right now, so a CancelRequest reaches the right server process.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::Rng;
 use tokio::io::AsyncWriteExt;
@@ -19,23 +20,59 @@ pub struct ServerCancelTarget {
     pub key: CancelKey,
 }
 
-/// The server a client is attached to; changes on every checkout in transaction pooling.
+/// The server a client is attached to; changes on every checkout in transaction pooling, so
+/// setting it is one atomic store rather than a lock and a reference count.
 #[derive(Debug, Default)]
 pub struct CancelSlot {
-    target: Mutex<Option<ServerCancelTarget>>,
+    /// The server process serving the client now: process id in the high half, secret key in
+    /// the low half; 0 while detached (PostgreSQL never uses process id 0).
+    key: AtomicU64,
+    /// Where the client's servers listen. Every server a client gets comes from its one pool,
+    /// which connects to one address, so this is set by the first attachment.
+    address: OnceLock<(Arc<str>, u16)>,
 }
 
 impl CancelSlot {
     /// Records the server the client now talks to (`None` when detached).
     pub fn set(&self, target: Option<ServerCancelTarget>) {
-        *self.target.lock().unwrap_or_else(|e| e.into_inner()) = target;
+        match target {
+            Some(t) => self.attach(&t.host, t.port, t.key),
+            None => self.detach(),
+        }
+    }
+
+    /// The client now talks to the server process `key` at `host:port`.
+    pub fn attach(&self, host: &Arc<str>, port: u16, key: CancelKey) {
+        let address = self.address.get_or_init(|| (host.clone(), port));
+        let packed = if address.1 == port && *address.0 == **host {
+            (u64::from(key.process_id as u32) << 32) | u64::from(key.secret_key as u32)
+        } else {
+            // Cannot happen (one pool per client): rather no cancel than one sent elsewhere.
+            tracing::warn!(%host, port, "a client's servers changed address; cancel disabled");
+            0
+        };
+        self.key.store(packed, Ordering::Release);
+    }
+
+    /// The client is between servers: a cancel now has nothing to cancel.
+    pub fn detach(&self) {
+        self.key.store(0, Ordering::Release);
     }
 
     fn get(&self) -> Option<ServerCancelTarget> {
-        self.target
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        let packed = self.key.load(Ordering::Acquire);
+        if packed >> 32 == 0 {
+            return None;
+        }
+        let (host, port) = self.address.get()?;
+        Some(ServerCancelTarget {
+            host: host.clone(),
+            port: *port,
+            key: CancelKey {
+                process_id: (packed >> 32) as u32 as i32,
+                secret_key: packed as u32 as i32,
+            },
+        })
     }
 }
 
@@ -123,4 +160,53 @@ async fn send_cancel(target: &ServerCancelTarget) -> std::io::Result<()> {
     )
     .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_keeps_the_attached_server_key_exactly() {
+        let slot = CancelSlot::default();
+        assert!(slot.get().is_none());
+        let host: Arc<str> = "db.example".into();
+        for key in [
+            CancelKey {
+                process_id: 1,
+                secret_key: -1,
+            },
+            CancelKey {
+                process_id: i32::MAX,
+                secret_key: i32::MIN,
+            },
+            CancelKey {
+                process_id: 4242,
+                secret_key: 0,
+            },
+        ] {
+            slot.attach(&host, 5433, key);
+            let target = slot.get().expect("attached");
+            assert_eq!(
+                (&*target.host, target.port, target.key),
+                ("db.example", 5433, key)
+            );
+            slot.detach();
+            assert!(slot.get().is_none());
+        }
+    }
+
+    #[test]
+    fn slot_refuses_a_second_address() {
+        let slot = CancelSlot::default();
+        let key = CancelKey {
+            process_id: 7,
+            secret_key: 9,
+        };
+        slot.attach(&Arc::from("a"), 1, key);
+        slot.attach(&Arc::from("b"), 1, key);
+        assert!(slot.get().is_none());
+        slot.attach(&Arc::from("a"), 1, key);
+        assert_eq!(slot.get().map(|t| t.key), Some(key));
+    }
 }

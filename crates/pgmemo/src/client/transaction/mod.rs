@@ -220,7 +220,9 @@ pub async fn run(
                 continue;
             }
         }
-        cancel.set(server.cancel_target());
+        if let Some(key) = server.key {
+            cancel.attach(&server.host, server.port, key);
+        }
         let idle_timeout = checkout.config.idle_transaction_timeout.0;
         let max_prepared = checkout.config.max_prepared_statements;
         let before = (
@@ -242,7 +244,7 @@ pub async fn run(
             cache.as_mut(),
         )
         .await;
-        cancel.set(None);
+        cancel.detach();
         server.status = state.status;
         let stats = &shared.stats;
         stats.prepared_hits.fetch_add(
