@@ -57,6 +57,16 @@ pub fn process(
             need = header.frame_len;
             break;
         }
+        if header.tag == backend::tag::DATA_ROW
+            && verbatim
+            && link.cache.is_none()
+            && link.queue.front().is_some_and(|e| e.forward)
+        {
+            // Most of a result: forwarded as it is, changing nothing (the cache, when on,
+            // captures rows; a swallowed answer or a rewritten stream copies them).
+            at += header.frame_len;
+            continue;
+        }
         let frame = &buf[at..at + header.frame_len];
         let (action, ready) = on_message(header.tag, frame, link, params);
         if let Some(cache) = link.cache.as_deref_mut() {
