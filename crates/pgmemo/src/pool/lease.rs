@@ -2,13 +2,12 @@
 //! connection, and on release resets the connection before another client can have it.
 
 use std::sync::Arc;
-use super::Tick;
 
 use tokio::sync::OwnedSemaphorePermit;
 use wire::backend::TransactionStatus;
 use wire::startup::CancelKey;
 
-use super::{Pool, PoolSettings, ServerConn};
+use super::{Pool, PoolSettings, ServerConn, Tick};
 
 /// In what state a client gives its connection back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

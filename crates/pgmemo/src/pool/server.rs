@@ -2,7 +2,6 @@
 //! logging in as a client when pgmemo holds the credentials, finishing startup, and the small
 //! simple-query exchanges the pool needs (reset, health check, rollback).
 
-
 use bytes::BytesMut;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
