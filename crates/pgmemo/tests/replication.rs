@@ -3,10 +3,14 @@
 //! cache, a lost stream closes the gate and is re-established, and the temporary slot never
 //! holds WAL back nor outlives pgmemo.
 
+mod cache_support;
+mod raw;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cache_support::first;
 use pgmemo::cache::feed::FeedState;
 use pgmemo::config::{Invalidation, UpstreamUrl};
 use pgmemo::invalidate::FeedStatus;
@@ -44,20 +48,6 @@ async fn pgmemo_with(pg: &TempPostgres, invalidation: Invalidation) -> PgmemoIns
         UpstreamUrl::parse(&format!("postgres://postgres@127.0.0.1:{}", pg.port())).expect("url");
     config.invalidation = invalidation;
     spawn_pgmemo(config).await.expect("pgmemo starts")
-}
-
-/// The first column of the first row of a simple query.
-async fn first(client: &Client, sql: &str) -> Option<String> {
-    client
-        .simple_query(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .into_iter()
-        .find_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_owned)),
-            _ => None,
-        })
-        .flatten()
 }
 
 fn hits(memo: &PgmemoInstance) -> u64 {

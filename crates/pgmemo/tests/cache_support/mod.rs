@@ -1,6 +1,7 @@
 //! Shared by the cache test files (`cache.rs`: session pooling, `transaction_cache.rs`:
-//! transaction pooling): reading one value, the admin console's counters, and the scenarios
-//! both pool modes must pass the same way. Test files that use it also declare `mod raw;`.
+//! transaction pooling; `replication.rs` reads values with it): reading one value, the admin
+//! console's counters, and the scenarios both pool modes must pass the same way. Test files
+//! that use it also declare `mod raw;`.
 
 #![allow(dead_code)]
 

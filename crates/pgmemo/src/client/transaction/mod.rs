@@ -255,7 +255,13 @@ pub async fn run(
             server.session.statements.misses - before.1,
             std::sync::atomic::Ordering::Relaxed,
         );
-        tracing::trace!(client = state.tag, server = ?server.key.map(|k| k.process_id), status = ?state.status, released = matches!(attached, Attached::Released), "detach");
+        tracing::trace!(
+            client = state.tag,
+            server = ?server.key.map(|k| k.process_id),
+            status = ?state.status,
+            released = matches!(attached, Attached::Released),
+            "detach"
+        );
         match attached {
             Attached::Released => {
                 if let Some(cache) = cache.as_mut() {
