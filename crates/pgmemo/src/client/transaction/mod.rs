@@ -246,15 +246,22 @@ pub async fn run(
         .await;
         cancel.detach();
         server.status = state.status;
+        // Shared by every session: written only when there is something to add.
         let stats = &shared.stats;
-        stats.prepared_hits.fetch_add(
+        let (hits, misses) = (
             server.session.statements.hits - before.0,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        stats.prepared_misses.fetch_add(
             server.session.statements.misses - before.1,
-            std::sync::atomic::Ordering::Relaxed,
         );
+        if hits > 0 {
+            stats
+                .prepared_hits
+                .fetch_add(hits, std::sync::atomic::Ordering::Relaxed);
+        }
+        if misses > 0 {
+            stats
+                .prepared_misses
+                .fetch_add(misses, std::sync::atomic::Ordering::Relaxed);
+        }
         tracing::trace!(
             client = state.tag,
             server = ?server.key.map(|k| k.process_id),
