@@ -195,6 +195,19 @@ impl Describe {
         Ok(Describe { target, name })
     }
 
+    /// The target and name of a Describe body, checked as [`Describe::decode`] checks them
+    /// but borrowed: drivers describe the unnamed portal with every query, and a proxy that
+    /// forwards it as it is needs no copy.
+    pub fn target_of(body: &[u8]) -> Result<(Target, &[u8]), WireError> {
+        let (&first, rest) = body.split_first().ok_or(WireError::Truncated)?;
+        let target = Target::from_byte(first)?;
+        let end = memchr::memchr(0, rest).ok_or(WireError::MissingTerminator)?;
+        if end + 1 != rest.len() {
+            return Err(WireError::Malformed("trailing bytes after Describe"));
+        }
+        Ok((target, &rest[..end]))
+    }
+
     /// Appends the Describe frame to `out`.
     pub fn encode(&self, out: &mut BytesMut) {
         encode_target(out, tag::DESCRIBE, self.target, &self.name);

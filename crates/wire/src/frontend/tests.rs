@@ -353,4 +353,22 @@ proptest! {
             (a, b) => prop_assert!(false, "decode {:?} but portal_of {:?}", a, b),
         }
     }
+
+    /// The borrowed Describe reader accepts exactly what `Describe::decode` accepts, with the
+    /// same target and name and the same error.
+    #[test]
+    fn describe_target_of_agrees_with_decode(body in prop::collection::vec(
+        prop_oneof![Just(0u8), Just(b'P'), Just(b'S'), any::<u8>()], 0..8,
+    )) {
+        let decoded = Describe::decode(Bytes::from(body.clone()));
+        let borrowed = Describe::target_of(&body);
+        match (decoded, borrowed) {
+            (Ok(msg), Ok((target, name))) => {
+                prop_assert_eq!(msg.target, target);
+                prop_assert_eq!(&msg.name[..], name);
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => prop_assert!(false, "decode {:?} but target_of {:?}", a, b),
+        }
+    }
 }

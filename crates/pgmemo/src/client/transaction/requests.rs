@@ -65,14 +65,14 @@ pub fn translate(
         }
         frontend::tag::DESCRIBE => {
             batch_start(link, out);
-            let describe = Describe::decode(frame.body_bytes())?;
-            match describe.target {
+            let (target, name) = Describe::target_of(frame.body())?;
+            match target {
                 Target::Portal => {
                     out.extend_from_slice(frame.raw());
                     link.queue.push_back(Entry::forward(Expect::DescribePortal));
                 }
                 Target::Statement => {
-                    let name = text(&describe.name)?;
+                    let name = std::str::from_utf8(name).map_err(|_| WireError::InvalidUtf8)?;
                     let Some(statement) = statement_for_use(name, link, out) else {
                         return Ok(false);
                     };
@@ -294,14 +294,18 @@ fn parse(
 ) -> Result<bool, WireError> {
     // Drivers parse the same unnamed statement again for every query: when it is the one
     // that went out last time as the client sent it, it needs no decoding or planning.
-    let again = link
-        .client
+    let client = &mut *link.client;
+    if let Some(unnamed) = client
         .unnamed
-        .as_ref()
+        .as_mut()
         .filter(|u| u.plain && u.parse[..] == *frame.raw())
-        .map(|u| u.parse.clone());
-    if let Some(parse) = again {
-        unnamed_parsed(link, parse, None, true, out);
+    {
+        // As `unnamed_parsed` records it, without replacing the copy it already holds.
+        client.parses += 1;
+        unnamed.seq = client.parses;
+        out.extend_from_slice(&unnamed.parse);
+        link.server.unnamed = Some((client.tag, unnamed.seq));
+        link.queue.push_back(Entry::forward(Expect::Parse));
         return Ok(false);
     }
     let msg = Parse::decode(frame.body_bytes())?;
