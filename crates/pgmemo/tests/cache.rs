@@ -793,3 +793,9 @@ async fn a_refused_parse_leaves_no_statement() {
     let (_pg, memo, _direct) = setup().await;
     cache_support::a_refused_parse_leaves_no_statement(&memo).await;
 }
+
+#[tokio::test]
+async fn untracked_writes_never_leave_stale_results() {
+    let (_pg, memo, _direct) = setup().await;
+    cache_support::untracked_writes_never_leave_stale_results(&memo).await;
+}

@@ -423,6 +423,15 @@ async fn a_refused_parse_leaves_no_statement() {
 }
 
 #[tokio::test]
+async fn untracked_writes_never_leave_stale_results() {
+    within(async {
+        let (_pg, memo, _direct) = setup(2).await;
+        cache_support::untracked_writes_never_leave_stale_results(&memo).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
     within(async {
         let (_pg, memo, direct) = setup(2).await;

@@ -23,7 +23,7 @@ pub mod planner;
 pub mod stats;
 pub mod store;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use context::Contexts;
@@ -56,9 +56,29 @@ pub struct DatabaseCache {
     /// Bumped whenever the memo is dropped, so plans a session keeps for its prepared
     /// statements are dropped too.
     plans_epoch: std::sync::atomic::AtomicU64,
+    /// Sessions relaying this database without the cache (see [`Cache::untracked_session`]).
+    untracked: Arc<AtomicUsize>,
+}
+
+/// A session relaying a database without the cache, from [`Cache::untracked_session`] until
+/// dropped.
+pub struct UntrackedSession {
+    count: Arc<AtomicUsize>,
+}
+
+impl Drop for UntrackedSession {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl DatabaseCache {
+    /// Whether every write relayed by this pgmemo reaches this database's cache: no session
+    /// relays it untracked, or the replication feed sees their writes anyway.
+    pub fn sees_relayed_writes(&self) -> bool {
+        self.untracked.load(Ordering::Acquire) == 0 || self.feed.state() == feed::FeedState::Live
+    }
+
     /// The memoized plan for a key made by [`plan_memo_key`].
     pub fn plan(&self, key: &[u8]) -> Option<Arc<Plan>> {
         self.plans
@@ -132,6 +152,8 @@ pub struct Cache {
     pub flights: Arc<flight::Flights>,
     databases: Mutex<Map<String, Arc<DatabaseCache>>>,
     next_database: AtomicU32,
+    /// Per database (`host:port/dbname`), the sessions relaying it without the cache.
+    untracked: Mutex<Map<String, Arc<AtomicUsize>>>,
     /// Told about every database when it is first used, so the replication feed can follow
     /// it (set once at start when a feed is wanted).
     new_databases: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Arc<DatabaseCache>>>,
@@ -171,6 +193,7 @@ impl Cache {
             flights: Arc::default(),
             databases: Mutex::new(Map::default()),
             next_database: AtomicU32::new(0),
+            untracked: Mutex::new(Map::default()),
             new_databases: std::sync::OnceLock::new(),
         }
     }
@@ -207,6 +230,7 @@ impl Cache {
             feed: feed::FeedGate::default(),
             plans: Mutex::new(Map::default()),
             plans_epoch: std::sync::atomic::AtomicU64::new(0),
+            untracked: self.untracked_count(name),
         });
         dbs.insert(name.to_owned(), Arc::clone(&db));
         if let Some(tx) = self.new_databases.get() {
@@ -214,6 +238,42 @@ impl Cache {
             let _ = tx.send(Arc::clone(&db));
         }
         db
+    }
+
+    /// Registers a session that relays database `dbname` at `host:port` without looking at
+    /// its traffic (the cache was off for it when it started), so its writes invalidate
+    /// nothing (doctrine rule 5). What the database's cache holds goes at once, and until the
+    /// session ends the cache serves and stores nothing for the database unless its
+    /// replication feed is live: a reload that turns the cache back on, or another client
+    /// database mapped to the same upstream database with the cache on, never gets a result
+    /// those writes made stale. Registering creates no database cache (and no feed).
+    pub fn untracked_session(&self, host: &str, port: u16, dbname: &str) -> UntrackedSession {
+        let name = format!("{host}:{port}/{dbname}");
+        let count = self.untracked_count(&name);
+        count.fetch_add(1, Ordering::AcqRel);
+        // After the count: a fill that began before is refused when it would be stored.
+        let db = self
+            .databases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&name)
+            .cloned();
+        if let Some(db) = db {
+            db.generations.invalidate_database();
+        }
+        UntrackedSession { count }
+    }
+
+    fn untracked_count(&self, name: &str) -> Arc<AtomicUsize> {
+        let mut counts = self.untracked.lock().unwrap_or_else(|e| e.into_inner());
+        match counts.get(name) {
+            Some(c) => Arc::clone(c),
+            None => {
+                let c = Arc::new(AtomicUsize::new(0));
+                counts.insert(name.to_owned(), Arc::clone(&c));
+                c
+            }
+        }
     }
 
     /// Every database seen.

@@ -69,6 +69,7 @@ refusals! {
     UnknownStatement => "unknown_prepared_statement",
     FeedDown => "invalidation_feed_down",
     AwaitingFeed => "awaiting_own_write_on_feed",
+    UntrackedSessions => "untracked_sessions",
 }
 
 /// What a cacheable read depends on.

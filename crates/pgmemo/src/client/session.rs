@@ -147,6 +147,10 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         let mut session = super::cached::CacheSession::new(db);
         super::cached::run(&mut client, &mut server, &shared, max_message, &mut session).await
     } else {
+        let _untracked =
+            shared
+                .cache
+                .untracked_session(&route.key.host, route.key.port, &route.key.database);
         relay::run(&mut client, &mut server, &shared, max_message).await
     };
     registration.slot.set(None);

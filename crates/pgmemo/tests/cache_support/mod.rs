@@ -214,3 +214,65 @@ pub async fn admission_stores_costly_results_at_once(memo: &PgmemoInstance) {
         "a costly result is stored on its first miss"
     );
 }
+
+/// Turns the cache on or off by a reload, as SIGHUP or `RELOAD` would.
+pub fn reload_cache(memo: &PgmemoInstance, on: bool) {
+    let mut config = (**memo.handle().shared().config()).clone();
+    config.cache = if on {
+        pgmemo::config::Switch::On
+    } else {
+        pgmemo::config::Switch::Off
+    };
+    memo.handle().reload(config).expect("reload");
+}
+
+/// A session that starts while the cache is off relays its traffic untracked, so its writes
+/// invalidate nothing: once the cache is back on, no result cached before those writes is
+/// served, while that session runs or after it ended, and caching resumes once it has.
+/// `memo` runs with the cache on and without a replication feed.
+pub async fn untracked_writes_never_leave_stale_results(memo: &PgmemoInstance) {
+    let reader = memo.client("postgres", "postgres").await;
+    reader
+        .batch_execute(
+            "CREATE TABLE untracked (id int PRIMARY KEY, v text);
+             INSERT INTO untracked VALUES (1, 'old');",
+        )
+        .await
+        .unwrap();
+    let read = "SELECT v FROM untracked WHERE id = 1";
+    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
+    let hits = show_cache(memo, "hits").await;
+    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
+    assert_eq!(
+        show_cache(memo, "hits").await,
+        hits + 1,
+        "the read is cached"
+    );
+
+    reload_cache(memo, false);
+    let writer = memo.client("postgres", "postgres").await;
+    writer
+        .simple_query("UPDATE untracked SET v = 'new' WHERE id = 1")
+        .await
+        .unwrap();
+    reload_cache(memo, true);
+
+    // The session that cached the old value, and a new one, while the writer is connected.
+    assert_eq!(first(&reader, read).await.as_deref(), Some("new"));
+    let fresh = memo.client("postgres", "postgres").await;
+    assert_eq!(first(&fresh, read).await.as_deref(), Some("new"));
+    assert!(
+        show_cache(memo, "refused_untracked_sessions").await > 0,
+        "counted as refusals"
+    );
+
+    // After the writer left: still the new value, and cached again.
+    drop(writer);
+    testkit::assert_eventually(Duration::from_secs(10), "caching resumes", || async {
+        let before = show_cache(memo, "hits").await;
+        let values = (first(&fresh, read).await, first(&fresh, read).await);
+        assert_eq!(values, (Some("new".into()), Some("new".into())));
+        show_cache(memo, "hits").await > before
+    })
+    .await;
+}

@@ -285,6 +285,9 @@ impl Requests<'_> {
         if !self.session.db.feed.allows_cache() {
             return Err(Refusal::FeedDown);
         }
+        if !self.session.db.sees_relayed_writes() {
+            return Err(Refusal::UntrackedSessions);
+        }
         if self.session.bypass_until_lsn > self.session.db.feed.applied_lsn()
             || self.link.await_feed.load(Ordering::Relaxed)
         {

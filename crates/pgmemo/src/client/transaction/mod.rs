@@ -143,6 +143,11 @@ pub async fn run(
                 .database(&route.key.host, route.key.port, &route.key.database);
             TxnCache::new(Arc::clone(shared), db)
         });
+    let _untracked = cache.is_none().then(|| {
+        shared
+            .cache
+            .untracked_session(&route.key.host, route.key.port, &route.key.database)
+    });
     loop {
         match wait_for_request(client, max_message, &mut stopped).await {
             Ok(()) => {}

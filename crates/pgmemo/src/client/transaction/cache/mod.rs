@@ -177,6 +177,9 @@ impl TxnCache {
         if !self.db.feed.allows_cache() {
             return Err(Refusal::FeedDown);
         }
+        if !self.db.sees_relayed_writes() {
+            return Err(Refusal::UntrackedSessions);
+        }
         if self.await_feed || self.bypass_until_lsn > self.db.feed.applied_lsn() {
             return Err(Refusal::AwaitingFeed);
         }
@@ -297,8 +300,11 @@ impl TxnCache {
         // Dropped (ending the flight) on every way out but the capture.
         let mut leading = self.leading.take();
         let request = request?;
-        if self.usable().is_err() && !self.await_feed {
-            return None;
+        if let Err(r) = self.usable() {
+            if !self.await_feed {
+                self.shared.cache.stats.refused(r);
+                return None;
+            }
         }
         let had_context = self.context(state).is_some();
         if !had_context || self.await_feed {
