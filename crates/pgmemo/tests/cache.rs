@@ -799,3 +799,9 @@ async fn untracked_writes_never_leave_stale_results() {
     let (_pg, memo, _direct) = setup().await;
     cache_support::untracked_writes_never_leave_stale_results(&memo).await;
 }
+
+#[tokio::test]
+async fn a_reload_turning_a_database_off_stops_running_sessions() {
+    let (_pg, memo, direct) = setup().await;
+    cache_support::a_reload_turning_a_database_off_stops_running_sessions(&memo, &direct).await;
+}

@@ -500,3 +500,12 @@ async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_reload_turning_a_database_off_stops_running_sessions() {
+    within(async {
+        let (_pg, memo, direct) = setup(2).await;
+        cache_support::a_reload_turning_a_database_off_stops_running_sessions(&memo, &direct).await;
+    })
+    .await;
+}

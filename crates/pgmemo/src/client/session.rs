@@ -144,7 +144,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         let db = shared
             .cache
             .database(&route.key.host, route.key.port, &route.key.database);
-        let mut session = super::cached::CacheSession::new(db);
+        let mut session = super::cached::CacheSession::new(db, &route.client_database);
         super::cached::run(&mut client, &mut server, &shared, max_message, &mut session).await
     } else {
         let _untracked =

@@ -276,3 +276,43 @@ pub async fn untracked_writes_never_leave_stale_results(memo: &PgmemoInstance) {
     })
     .await;
 }
+
+/// A reload that turns the cache off for one database through its `[databases]` entry stops
+/// sessions already connected to it from serving results, as the global switch does. `memo`
+/// runs with the cache on and without a replication feed; `direct` is a connection to the
+/// server that pgmemo does not see.
+pub async fn a_reload_turning_a_database_off_stops_running_sessions(
+    memo: &PgmemoInstance,
+    direct: &Client,
+) {
+    let reader = memo.client("postgres", "postgres").await;
+    reader
+        .batch_execute(
+            "CREATE TABLE per_db (id int PRIMARY KEY, v text);
+             INSERT INTO per_db VALUES (1, 'old');",
+        )
+        .await
+        .unwrap();
+    let read = "SELECT v FROM per_db WHERE id = 1";
+    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
+    direct
+        .simple_query("UPDATE per_db SET v = 'new' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&reader, read).await.as_deref(),
+        Some("old"),
+        "served from the cache (pgmemo did not see the write)"
+    );
+
+    let mut config = (**memo.handle().shared().config()).clone();
+    config.databases.insert(
+        "postgres".into(),
+        pgmemo::config::DatabaseConfig {
+            cache: Some(pgmemo::config::Switch::Off),
+            ..Default::default()
+        },
+    );
+    memo.handle().reload(config).expect("reload");
+    assert_eq!(first(&reader, read).await.as_deref(), Some("new"));
+}

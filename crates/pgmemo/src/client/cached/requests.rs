@@ -276,7 +276,7 @@ impl Requests<'_> {
 
     /// Whether results may be served and stored right now (at a boundary, status `status`).
     fn usable(&self, status: TransactionStatus, config: &Config) -> Result<(), Refusal> {
-        if !config.cache.is_on() {
+        if !config.cache_on_for(&self.session.client_database) {
             return Err(Refusal::CacheOff);
         }
         if !self.session.enabled {

@@ -31,6 +31,8 @@ pub struct Statement {
 /// Per-session cache state.
 pub struct CacheSession {
     pub db: Arc<DatabaseCache>,
+    /// The name the client gave its database: `[databases.NAME]` may turn the cache off.
+    pub client_database: String,
     /// `None` while the settings may have changed and were not read again.
     pub context: Option<Arc<Context>>,
     /// Prepared statements by name (`""` is the unnamed statement).
@@ -50,10 +52,12 @@ pub struct CacheSession {
 }
 
 impl CacheSession {
-    /// A session on `db` whose context is not known yet.
-    pub fn new(db: Arc<DatabaseCache>) -> CacheSession {
+    /// A session on `db` (called `client_database` by the client) whose context is not
+    /// known yet.
+    pub fn new(db: Arc<DatabaseCache>, client_database: &str) -> CacheSession {
         CacheSession {
             db,
+            client_database: client_database.to_owned(),
             context: None,
             statements: Map::default(),
             enabled: true,

@@ -141,7 +141,7 @@ pub async fn run(
             let db = shared
                 .cache
                 .database(&route.key.host, route.key.port, &route.key.database);
-            TxnCache::new(Arc::clone(shared), db)
+            TxnCache::new(Arc::clone(shared), db, &route.client_database)
         });
     let _untracked = cache.is_none().then(|| {
         shared

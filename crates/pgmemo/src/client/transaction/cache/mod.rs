@@ -52,6 +52,10 @@ pub struct TxnCache {
     /// The configuration in force, refreshed by the session once per request
     /// ([`TxnCache::configure`]) rather than loaded at every use.
     config: Arc<Config>,
+    /// The name the client gave its database: `[databases.NAME]` may turn the cache off.
+    client_database: String,
+    /// `cache` for the client's database under `config`.
+    on: bool,
     db: Arc<DatabaseCache>,
     /// The client's context and the version of its settings it was read for.
     context: Option<(u64, Arc<Context>)>,
@@ -126,9 +130,12 @@ impl Catalog for ServerCatalog<'_> {
 
 impl TxnCache {
     /// The cache state of a client of `db`.
-    pub fn new(shared: Arc<Shared>, db: Arc<DatabaseCache>) -> TxnCache {
+    pub fn new(shared: Arc<Shared>, db: Arc<DatabaseCache>, client_database: &str) -> TxnCache {
+        let config = shared.config().clone();
         TxnCache {
-            config: shared.config().clone(),
+            on: config.cache_on_for(client_database),
+            client_database: client_database.to_owned(),
+            config,
             shared,
             db,
             context: None,
@@ -155,6 +162,7 @@ impl TxnCache {
     pub fn configure(&mut self, config: &Arc<Config>) {
         if !Arc::ptr_eq(&self.config, config) {
             self.config = Arc::clone(config);
+            self.on = config.cache_on_for(&self.client_database);
         }
     }
 
@@ -168,7 +176,7 @@ impl TxnCache {
 
     /// Whether results may be served and stored for this client now (a known context aside).
     fn usable(&self) -> Result<(), Refusal> {
-        if !self.config.cache.is_on() {
+        if !self.on {
             return Err(Refusal::CacheOff);
         }
         if !self.enabled {
