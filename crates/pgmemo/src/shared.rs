@@ -144,10 +144,18 @@ impl Shared {
         if !kept.is_empty() {
             tracing::warn!(settings = ?kept, "these settings need a restart; keeping the running values");
         }
+        // Which tables may be cached is decided when a statement is planned, and plans are
+        // memoized: new lists need new plans, and results stored under the old ones go.
+        let lists_changed = new.cache_include_tables != old.cache_include_tables
+            || new.cache_exclude_tables != old.cache_exclude_tables;
         self.userlist.store(Arc::new(userlist));
         self.client_tls.store(Arc::new(client_tls));
         self.config.store(Arc::new(new));
         self.config_generation.fetch_add(1, Ordering::Release);
+        if lists_changed {
+            self.cache.purge_all();
+            tracing::info!("cache_include_tables or cache_exclude_tables changed: cache emptied");
+        }
         tracing::info!("configuration reloaded");
         Ok(())
     }

@@ -805,3 +805,9 @@ async fn a_reload_turning_a_database_off_stops_running_sessions() {
     let (_pg, memo, direct) = setup().await;
     cache_support::a_reload_turning_a_database_off_stops_running_sessions(&memo, &direct).await;
 }
+
+#[tokio::test]
+async fn a_reload_excluding_a_table_stops_caching_it() {
+    let (_pg, memo, direct) = setup().await;
+    cache_support::a_reload_excluding_a_table_stops_caching_it(&memo, &direct).await;
+}

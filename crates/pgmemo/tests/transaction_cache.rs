@@ -509,3 +509,12 @@ async fn a_reload_turning_a_database_off_stops_running_sessions() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_reload_excluding_a_table_stops_caching_it() {
+    within(async {
+        let (_pg, memo, direct) = setup(2).await;
+        cache_support::a_reload_excluding_a_table_stops_caching_it(&memo, &direct).await;
+    })
+    .await;
+}

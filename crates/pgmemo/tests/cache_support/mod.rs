@@ -316,3 +316,37 @@ pub async fn a_reload_turning_a_database_off_stops_running_sessions(
     memo.handle().reload(config).expect("reload");
     assert_eq!(first(&reader, read).await.as_deref(), Some("new"));
 }
+
+/// A reload that excludes a table from the cache stops results reading it from being served
+/// or stored, for sessions already running too (their plans were memoized with the old
+/// lists). `memo` runs with the cache on and without a replication feed; `direct` is a
+/// connection to the server that pgmemo does not see.
+pub async fn a_reload_excluding_a_table_stops_caching_it(memo: &PgmemoInstance, direct: &Client) {
+    let reader = memo.client("postgres", "postgres").await;
+    reader
+        .batch_execute(
+            "CREATE TABLE excluded_later (id int PRIMARY KEY, v int);
+             INSERT INTO excluded_later VALUES (1, 0);",
+        )
+        .await
+        .unwrap();
+    let read = "SELECT v FROM excluded_later WHERE id = 1";
+    let bump = "UPDATE excluded_later SET v = v + 1 WHERE id = 1";
+    assert_eq!(first(&reader, read).await.as_deref(), Some("0"));
+    direct.simple_query(bump).await.unwrap();
+    assert_eq!(
+        first(&reader, read).await.as_deref(),
+        Some("0"),
+        "served from the cache (pgmemo did not see the write)"
+    );
+
+    let mut config = (**memo.handle().shared().config()).clone();
+    config.cache_exclude_tables = vec!["public.excluded_later".into()];
+    memo.handle().reload(config).expect("reload");
+    assert_eq!(first(&reader, read).await.as_deref(), Some("1"));
+    for expected in ["2", "3"] {
+        direct.simple_query(bump).await.unwrap();
+        assert_eq!(first(&reader, read).await.as_deref(), Some(expected));
+        assert_eq!(first(&reader, read).await.as_deref(), Some(expected));
+    }
+}
