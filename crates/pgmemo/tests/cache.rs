@@ -811,3 +811,9 @@ async fn a_reload_excluding_a_table_stops_caching_it() {
     let (_pg, memo, direct) = setup().await;
     cache_support::a_reload_excluding_a_table_stops_caching_it(&memo, &direct).await;
 }
+
+#[tokio::test]
+async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
+    let (_pg, memo, _direct) = setup().await;
+    cache_support::writes_of_a_session_with_the_cache_off_still_invalidate(&memo).await;
+}

@@ -518,3 +518,12 @@ async fn a_reload_excluding_a_table_stops_caching_it() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
+    within(async {
+        let (_pg, memo, _direct) = setup(2).await;
+        cache_support::writes_of_a_session_with_the_cache_off_still_invalidate(&memo).await;
+    })
+    .await;
+}

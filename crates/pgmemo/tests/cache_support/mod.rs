@@ -350,3 +350,42 @@ pub async fn a_reload_excluding_a_table_stops_caching_it(memo: &PgmemoInstance, 
         assert_eq!(first(&reader, read).await.as_deref(), Some(expected));
     }
 }
+
+/// `SET pgmemo.cache = off` stops a session's own reads from being served or stored, not the
+/// tracking of its writes: another session's cached result of a table it changes goes.
+pub async fn writes_of_a_session_with_the_cache_off_still_invalidate(memo: &PgmemoInstance) {
+    let reader = memo.client("postgres", "postgres").await;
+    reader
+        .batch_execute(
+            "CREATE TABLE switched (id int PRIMARY KEY, v text);
+             INSERT INTO switched VALUES (1, 'old');",
+        )
+        .await
+        .unwrap();
+    let read = "SELECT v FROM switched WHERE id = 1";
+    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
+    let hits = show_cache(memo, "hits").await;
+    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
+    assert_eq!(
+        show_cache(memo, "hits").await,
+        hits + 1,
+        "the read is cached"
+    );
+
+    let writer = memo.client("postgres", "postgres").await;
+    writer
+        .batch_execute("SET pgmemo.cache = off")
+        .await
+        .unwrap();
+    writer
+        .batch_execute("UPDATE switched SET v = 'autocommit' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(first(&reader, read).await.as_deref(), Some("autocommit"));
+    assert_eq!(first(&reader, read).await.as_deref(), Some("autocommit"));
+    writer
+        .batch_execute("BEGIN; UPDATE switched SET v = 'committed' WHERE id = 1; COMMIT")
+        .await
+        .unwrap();
+    assert_eq!(first(&reader, read).await.as_deref(), Some("committed"));
+}
