@@ -215,6 +215,29 @@ pub async fn admission_stores_costly_results_at_once(memo: &PgmemoInstance) {
     );
 }
 
+/// Creates table `table (id int PRIMARY KEY, v text)` holding `(1, 'old')` through pgmemo and
+/// reads the row until it is served from the cache; returns the reading session and its query.
+async fn cached_row(memo: &PgmemoInstance, table: &str) -> (Client, String) {
+    let reader = memo.client("postgres", "postgres").await;
+    reader
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v text);
+             INSERT INTO {table} VALUES (1, 'old');"
+        ))
+        .await
+        .unwrap();
+    let read = format!("SELECT v FROM {table} WHERE id = 1");
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("old"));
+    let hits = show_cache(memo, "hits").await;
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("old"));
+    assert_eq!(
+        show_cache(memo, "hits").await,
+        hits + 1,
+        "the read is cached"
+    );
+    (reader, read)
+}
+
 /// Turns the cache on or off by a reload, as SIGHUP or `RELOAD` would.
 pub fn reload_cache(memo: &PgmemoInstance, on: bool) {
     let mut config = (**memo.handle().shared().config()).clone();
@@ -231,23 +254,7 @@ pub fn reload_cache(memo: &PgmemoInstance, on: bool) {
 /// served, while that session runs or after it ended, and caching resumes once it has.
 /// `memo` runs with the cache on and without a replication feed.
 pub async fn untracked_writes_never_leave_stale_results(memo: &PgmemoInstance) {
-    let reader = memo.client("postgres", "postgres").await;
-    reader
-        .batch_execute(
-            "CREATE TABLE untracked (id int PRIMARY KEY, v text);
-             INSERT INTO untracked VALUES (1, 'old');",
-        )
-        .await
-        .unwrap();
-    let read = "SELECT v FROM untracked WHERE id = 1";
-    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
-    let hits = show_cache(memo, "hits").await;
-    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
-    assert_eq!(
-        show_cache(memo, "hits").await,
-        hits + 1,
-        "the read is cached"
-    );
+    let (reader, read) = cached_row(memo, "untracked").await;
 
     reload_cache(memo, false);
     let writer = memo.client("postgres", "postgres").await;
@@ -258,9 +265,9 @@ pub async fn untracked_writes_never_leave_stale_results(memo: &PgmemoInstance) {
     reload_cache(memo, true);
 
     // The session that cached the old value, and a new one, while the writer is connected.
-    assert_eq!(first(&reader, read).await.as_deref(), Some("new"));
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("new"));
     let fresh = memo.client("postgres", "postgres").await;
-    assert_eq!(first(&fresh, read).await.as_deref(), Some("new"));
+    assert_eq!(first(&fresh, &read).await.as_deref(), Some("new"));
     assert!(
         show_cache(memo, "refused_untracked_sessions").await > 0,
         "counted as refusals"
@@ -270,7 +277,7 @@ pub async fn untracked_writes_never_leave_stale_results(memo: &PgmemoInstance) {
     drop(writer);
     testkit::assert_eventually(Duration::from_secs(10), "caching resumes", || async {
         let before = show_cache(memo, "hits").await;
-        let values = (first(&fresh, read).await, first(&fresh, read).await);
+        let values = (first(&fresh, &read).await, first(&fresh, &read).await);
         assert_eq!(values, (Some("new".into()), Some("new".into())));
         show_cache(memo, "hits").await > before
     })
@@ -354,23 +361,7 @@ pub async fn a_reload_excluding_a_table_stops_caching_it(memo: &PgmemoInstance, 
 /// `SET pgmemo.cache = off` stops a session's own reads from being served or stored, not the
 /// tracking of its writes: another session's cached result of a table it changes goes.
 pub async fn writes_of_a_session_with_the_cache_off_still_invalidate(memo: &PgmemoInstance) {
-    let reader = memo.client("postgres", "postgres").await;
-    reader
-        .batch_execute(
-            "CREATE TABLE switched (id int PRIMARY KEY, v text);
-             INSERT INTO switched VALUES (1, 'old');",
-        )
-        .await
-        .unwrap();
-    let read = "SELECT v FROM switched WHERE id = 1";
-    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
-    let hits = show_cache(memo, "hits").await;
-    assert_eq!(first(&reader, read).await.as_deref(), Some("old"));
-    assert_eq!(
-        show_cache(memo, "hits").await,
-        hits + 1,
-        "the read is cached"
-    );
+    let (reader, read) = cached_row(memo, "switched").await;
 
     let writer = memo.client("postgres", "postgres").await;
     writer
@@ -381,11 +372,11 @@ pub async fn writes_of_a_session_with_the_cache_off_still_invalidate(memo: &Pgme
         .batch_execute("UPDATE switched SET v = 'autocommit' WHERE id = 1")
         .await
         .unwrap();
-    assert_eq!(first(&reader, read).await.as_deref(), Some("autocommit"));
-    assert_eq!(first(&reader, read).await.as_deref(), Some("autocommit"));
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("autocommit"));
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("autocommit"));
     writer
         .batch_execute("BEGIN; UPDATE switched SET v = 'committed' WHERE id = 1; COMMIT")
         .await
         .unwrap();
-    assert_eq!(first(&reader, read).await.as_deref(), Some("committed"));
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("committed"));
 }
