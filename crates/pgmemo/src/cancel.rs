@@ -10,14 +10,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use wire::startup::CancelKey;
 
-/// Where a cancel for one client must go.
+/// Where a cancel for one client must go, read from its [`CancelSlot`] when one arrives.
 #[derive(Debug, Clone)]
-pub struct ServerCancelTarget {
-    /// Shared with the server connection: a transaction-pooled client sets its target on
-    /// every checkout.
-    pub host: std::sync::Arc<str>,
-    pub port: u16,
-    pub key: CancelKey,
+struct ServerCancelTarget {
+    host: std::sync::Arc<str>,
+    port: u16,
+    key: CancelKey,
 }
 
 /// The server a client is attached to; changes on every checkout in transaction pooling, so
@@ -33,14 +31,6 @@ pub struct CancelSlot {
 }
 
 impl CancelSlot {
-    /// Records the server the client now talks to (`None` when detached).
-    pub fn set(&self, target: Option<ServerCancelTarget>) {
-        match target {
-            Some(t) => self.attach(&t.host, t.port, t.key),
-            None => self.detach(),
-        }
-    }
-
     /// The client now talks to the server process `key` at `host:port`.
     pub fn attach(&self, host: &Arc<str>, port: u16, key: CancelKey) {
         let address = self.address.get_or_init(|| (host.clone(), port));

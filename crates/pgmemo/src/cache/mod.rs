@@ -126,6 +126,11 @@ impl DatabaseCache {
     }
 }
 
+/// How a database is named in the cache's maps and the admin console: `host:port/dbname`.
+fn database_name(host: &str, port: u16, dbname: &str) -> String {
+    format!("{host}:{port}/{dbname}")
+}
+
 /// The memo key of a statement shape planned in session context `context_id`: the context,
 /// the hint comments (the shape drops comments, hints change the plan) and the shape. Built
 /// without formatting: every miss of a simple query looks its plan up.
@@ -213,7 +218,7 @@ impl Cache {
 
     /// The state of the database `dbname` on `host:port`, created on first use.
     pub fn database(&self, host: &str, port: u16, dbname: &str) -> Arc<DatabaseCache> {
-        let name = format!("{host}:{port}/{dbname}");
+        let name = database_name(host, port, dbname);
         let name = name.as_str();
         let mut dbs = self.databases.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(db) = dbs.get(name) {
@@ -248,7 +253,7 @@ impl Cache {
     /// database mapped to the same upstream database with the cache on, never gets a result
     /// those writes made stale. Registering creates no database cache (and no feed).
     pub fn untracked_session(&self, host: &str, port: u16, dbname: &str) -> UntrackedSession {
-        let name = format!("{host}:{port}/{dbname}");
+        let name = database_name(host, port, dbname);
         let count = self.untracked_count(&name);
         count.fetch_add(1, Ordering::AcqRel);
         // After the count: a fill that began before is refused when it would be stored.

@@ -95,7 +95,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     }
 
     let registration = shared.cancels.register();
-    registration.slot.set(server.cancel_target());
+    server.attach_cancel(&registration.slot);
     let mut hello = BytesMut::with_capacity(512);
     for (k, v) in &server.params {
         hello.extend_from_slice(&backend::parameter_status(k, v));
@@ -122,7 +122,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     });
 
     if let Some(mut state) = txn_state {
-        registration.slot.set(None);
+        registration.slot.detach();
         lease.return_idle(server, true);
         let end =
             super::transaction::run(&mut client, &shared, &route, &mut state, &registration.slot)
@@ -153,7 +153,7 @@ pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
                 .untracked_session(&route.key.host, route.key.port, &route.key.database);
         relay::run(&mut client, &mut server, &shared, max_message).await
     };
-    registration.slot.set(None);
+    registration.slot.detach();
     drop(registration);
 
     let settings = pool_settings(&shared.config());

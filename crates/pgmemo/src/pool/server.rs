@@ -11,7 +11,7 @@ use wire::scram::{ScramKeyClient, ScramKeys};
 use wire::startup::{encode_ssl_request, CancelKey, StartupMessage};
 use wire::{frontend, ErrorResponse, Frame, WireError};
 
-use crate::cancel::ServerCancelTarget;
+use crate::cancel::CancelSlot;
 use crate::net::{FastTcp, MaybeTls, ServerStream};
 use crate::tls::UpstreamTls;
 
@@ -366,13 +366,13 @@ impl ServerConn {
         }
     }
 
-    /// Where to send a cancel for this connection.
-    pub fn cancel_target(&self) -> Option<ServerCancelTarget> {
-        self.key.map(|key| ServerCancelTarget {
-            host: self.host.clone(),
-            port: self.port,
-            key,
-        })
+    /// Makes `slot` send its client's cancel requests to this connection's server process
+    /// (nowhere, when the server sent no BackendKeyData).
+    pub fn attach_cancel(&self, slot: &CancelSlot) {
+        match self.key {
+            Some(key) => slot.attach(&self.host, self.port, key),
+            None => slot.detach(),
+        }
     }
 
     /// Sends Terminate and closes, ignoring errors: the connection is being discarded.

@@ -225,9 +225,7 @@ pub async fn run(
                 continue;
             }
         }
-        if let Some(key) = server.key {
-            cancel.attach(&server.host, server.port, key);
-        }
+        server.attach_cancel(cancel);
         let idle_timeout = checkout.config.idle_transaction_timeout.0;
         let max_prepared = checkout.config.max_prepared_statements;
         let before = (

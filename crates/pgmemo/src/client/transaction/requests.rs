@@ -72,7 +72,7 @@ pub fn translate(
                     link.queue.push_back(Entry::forward(Expect::DescribePortal));
                 }
                 Target::Statement => {
-                    let name = std::str::from_utf8(name).map_err(|_| WireError::InvalidUtf8)?;
+                    let name = text(name)?;
                     let Some(statement) = statement_for_use(name, link, out) else {
                         return Ok(false);
                     };
@@ -153,7 +153,7 @@ pub fn translate(
     }
 }
 
-fn text(bytes: &Bytes) -> Result<&str, WireError> {
+fn text(bytes: &[u8]) -> Result<&str, WireError> {
     std::str::from_utf8(bytes).map_err(|_| WireError::InvalidUtf8)
 }
 
