@@ -88,9 +88,15 @@ impl DatabaseCache {
             .cloned()
     }
 
-    /// Memoizes a plan.
-    pub fn remember(&self, key: Vec<u8>, plan: Arc<Plan>) {
+    /// Memoizes a plan made from what was known at `epoch` (a [`Self::plans_epoch`] read
+    /// before the plan's configuration and catalog facts were): nothing when plans were dropped
+    /// since, as the plan may rest on definitions or table lists that no longer hold, and once
+    /// in the memo it would outlive the drop that should have removed it.
+    pub fn remember(&self, key: Vec<u8>, plan: Arc<Plan>, epoch: u64) {
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if self.plans_epoch.load(Ordering::Acquire) != epoch {
+            return;
+        }
         if plans.len() >= MAX_PLANS {
             plans.clear();
         }
@@ -116,7 +122,9 @@ impl DatabaseCache {
     /// Drops every memoized plan (after DDL: names may now mean other relations, functions
     /// other volatilities).
     pub fn forget_plans(&self) {
-        self.plans.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.clear();
+        // Under the lock, so that no plan made before this is remembered after it.
         self.plans_epoch.fetch_add(1, Ordering::AcqRel);
     }
 

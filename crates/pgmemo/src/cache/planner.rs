@@ -45,16 +45,22 @@ pub struct Planning<'a> {
     /// reused only then (names resolve by search_path).
     pub context_id: Option<u64>,
     pub standard_conforming_strings: bool,
+    /// The database's plans epoch read before `config` was known to be current: a plan is
+    /// memoized only if no reload or DDL dropped the memo since (see
+    /// [`DatabaseCache::remember`]).
+    pub epoch: u64,
 }
 
 impl<'a> Planning<'a> {
     /// Planning in `context` when it is current (`None`: plans are neither memoized nor taken
-    /// from the memo, and strings are read as standard-conforming).
+    /// from the memo, and strings are read as standard-conforming), with `config` known current
+    /// at `epoch`.
     pub fn in_context(
         db: &'a DatabaseCache,
         cache: &'a Cache,
         config: &'a Config,
         context: Option<&super::context::Context>,
+        epoch: u64,
     ) -> Planning<'a> {
         Planning {
             db,
@@ -62,6 +68,7 @@ impl<'a> Planning<'a> {
             config,
             context_id: context.map(|c| c.id),
             standard_conforming_strings: context.is_none_or(|c| c.standard_conforming_strings()),
+            epoch,
         }
     }
 }
@@ -93,7 +100,7 @@ pub async fn plan<C: Catalog>(
         Err(_) => {
             let plan = Arc::new(plan::unparsable(query));
             if p.context_id.is_some() {
-                p.db.remember(memo_key, Arc::clone(&plan));
+                p.db.remember(memo_key, Arc::clone(&plan), p.epoch);
             }
             return Ok((plan, shape.time_literal));
         }
@@ -123,7 +130,7 @@ pub async fn plan<C: Catalog>(
     }
     let decided = Arc::new(decided);
     if decided.complete && p.context_id.is_some() {
-        p.db.remember(memo_key, Arc::clone(&decided));
+        p.db.remember(memo_key, Arc::clone(&decided), p.epoch);
     }
     Ok((decided, shape.time_literal))
 }
@@ -233,4 +240,46 @@ async fn view_function_volatility<C: Catalog>(
         }
     }
     Ok(Some(worst))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planning<'a>(db: &'a DatabaseCache, cache: &'a Cache, config: &'a Config) -> Planning<'a> {
+        Planning {
+            db,
+            cache,
+            config,
+            context_id: Some(1),
+            standard_conforming_strings: true,
+            epoch: db.plans_epoch(),
+        }
+    }
+
+    #[test]
+    fn a_plan_is_memoized_when_nothing_dropped_the_memo_meanwhile() {
+        let (cache, config) = (Cache::new(1 << 20), Config::default());
+        let db = cache.database("127.0.0.1", 5432, "test");
+        let p = planning(&db, &cache, &config);
+        let (plan, _) = plan_without_catalog(&p, "SELECT 1");
+        assert!(plan.complete);
+        assert!(memoized(&p, "SELECT 1").is_some());
+    }
+
+    /// A plan made from facts or table lists read before a DDL or a reload dropped the memo
+    /// would otherwise outlive that drop.
+    #[test]
+    fn a_plan_begun_before_the_memo_was_dropped_is_not_memoized() {
+        let (cache, config) = (Cache::new(1 << 20), Config::default());
+        let db = cache.database("127.0.0.1", 5432, "test");
+        let p = planning(&db, &cache, &config);
+        db.forget_plans();
+        let (plan, _) = plan_without_catalog(&p, "SELECT 1");
+        assert!(plan.complete);
+        assert!(memoized(&p, "SELECT 1").is_none());
+        let fresh = planning(&db, &cache, &config);
+        plan_without_catalog(&fresh, "SELECT 1");
+        assert!(memoized(&fresh, "SELECT 1").is_some());
+    }
 }

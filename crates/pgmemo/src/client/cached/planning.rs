@@ -58,6 +58,8 @@ impl Requests<'_> {
         let context_id = self.trusted_context_id();
         let db = Arc::clone(&self.session.db);
         let shared = self.shared;
+        // Before the configuration: a reload that changes it drops the memo after storing it.
+        let epoch = db.plans_epoch();
         let config = shared.config();
         let planning = Planning {
             db: &db,
@@ -65,6 +67,7 @@ impl Requests<'_> {
             config: &config,
             context_id,
             standard_conforming_strings,
+            epoch,
         };
         if let Some(found) = planner::memoized(&planning, text) {
             return Ok(found);

@@ -165,7 +165,7 @@ pub async fn run(
         // A reload takes effect from the next request on (one integer comparison each).
         checkout.refresh(shared, route);
         if let Some(cache) = cache.as_mut() {
-            cache.configure(&checkout.config);
+            cache.configure(&checkout.config, checkout.generation);
         }
         if let Some(answer) = local::answer(
             &mut client.buf,

@@ -74,9 +74,9 @@ impl TxnCache {
         state: &ClientState,
         settings_pending: bool,
     ) -> Effects {
+        let epoch = self.plans_epoch();
         let context = self.trusted_context(state, settings_pending);
         let context_id = context.map(|c| c.id);
-        let epoch = self.db.plans_epoch();
         if let Some(p) = self
             .planned
             .as_ref()
@@ -91,7 +91,7 @@ impl TxnCache {
             return p.plan.effects.clone();
         }
         let config = Arc::clone(&self.config);
-        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context);
+        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context, epoch);
         let (plan, _) = planner::plan_without_catalog(&planning, text);
         if !plan.complete
             && context_id.is_some()
@@ -114,8 +114,10 @@ impl TxnCache {
         let Some(context) = self.context(state).cloned() else {
             return;
         };
+        let epoch = self.plans_epoch();
         let config = Arc::clone(&self.config);
-        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
+        let planning =
+            Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context), epoch);
         let mut catalog = ServerCatalog(server);
         for text in &texts {
             if planner::plan(&planning, text, Some(&mut catalog))

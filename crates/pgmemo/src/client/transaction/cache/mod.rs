@@ -52,6 +52,8 @@ pub struct TxnCache {
     /// The configuration in force, refreshed by the session once per request
     /// ([`TxnCache::configure`]) rather than loaded at every use.
     config: Arc<Config>,
+    /// `Shared::config_generation` when `config` was read.
+    generation: u64,
     /// The name the client gave its database: `[databases.NAME]` may turn the cache off.
     client_database: String,
     /// `cache` for the client's database under `config`.
@@ -131,8 +133,10 @@ impl Catalog for ServerCatalog<'_> {
 impl TxnCache {
     /// The cache state of a client of `db`.
     pub fn new(shared: Arc<Shared>, db: Arc<DatabaseCache>, client_database: &str) -> TxnCache {
+        let generation = shared.config_generation();
         let config = shared.config().clone();
         TxnCache {
+            generation,
             on: config.cache_on_for(client_database),
             client_database: client_database.to_owned(),
             config,
@@ -158,12 +162,27 @@ impl TxnCache {
         }
     }
 
-    /// Takes the configuration in force (the session checks for a reload once per request).
-    pub fn configure(&mut self, config: &Arc<Config>) {
+    /// Takes the configuration in force, read at `generation` (the session checks for a
+    /// reload once per request).
+    pub fn configure(&mut self, config: &Arc<Config>, generation: u64) {
+        self.generation = generation;
         if !Arc::ptr_eq(&self.config, config) {
             self.config = Arc::clone(config);
             self.on = config.cache_on_for(&self.client_database);
         }
+    }
+
+    /// The database's plans epoch, with the configuration brought up to date after reading
+    /// it: the order [`Planning::epoch`] needs, since a reload stores the new configuration
+    /// before it drops the memo (a plan made under the old table lists must not be memoized).
+    fn plans_epoch(&mut self) -> u64 {
+        let epoch = self.db.plans_epoch();
+        let generation = self.shared.config_generation();
+        if generation != self.generation {
+            let config = Arc::clone(&self.shared.config());
+            self.configure(&config, generation);
+        }
+        epoch
     }
 
     /// The client's context when it was read for its current settings.
@@ -247,16 +266,22 @@ impl TxnCache {
             Some(p) => p,
             None => {
                 let text: Arc<str> = Self::text(request, buf, state)?.into();
+                let epoch = self.plans_epoch();
                 let config = Arc::clone(&self.config);
-                let planning =
-                    Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
+                let planning = Planning::in_context(
+                    &self.db,
+                    &self.shared.cache,
+                    &config,
+                    Some(&context),
+                    epoch,
+                );
                 let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
                 if !plan.complete {
                     return None;
                 }
                 let planned = Planned {
                     context_id: context.id,
-                    epoch: self.db.plans_epoch(),
+                    epoch,
                     text,
                     plan,
                     time_literal,
@@ -326,7 +351,7 @@ impl TxnCache {
             }
         }
         let context = self.context(state)?.clone();
-        let epoch = self.db.plans_epoch();
+        let epoch = self.plans_epoch();
         let known = self
             .planned
             .as_ref()
@@ -336,8 +361,13 @@ impl TxnCache {
             None => {
                 let text: Arc<str> = Self::text(&request, buf, state)?.into();
                 let config = Arc::clone(&self.config);
-                let planning =
-                    Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context));
+                let planning = Planning::in_context(
+                    &self.db,
+                    &self.shared.cache,
+                    &config,
+                    Some(&context),
+                    epoch,
+                );
                 let mut catalog = ServerCatalog(server);
                 let (plan, time_literal) = planner::plan(&planning, &text, Some(&mut catalog))
                     .await
