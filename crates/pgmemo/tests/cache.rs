@@ -418,6 +418,152 @@ async fn admin_console_reports_hits_and_purges() {
     assert_eq!(first(&c, q).await.as_deref(), Some("purged"));
 }
 
+/// The rows of an admin console command, as text.
+async fn admin_rows(memo: &PgmemoInstance, command: &str) -> Vec<Vec<Option<String>>> {
+    let admin = memo.client("postgres", "pgmemo").await;
+    admin
+        .simple_query(command)
+        .await
+        .unwrap_or_else(|e| panic!("{command}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn explain_cache_and_show_tables_tell_what_the_cache_decided() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let cached = "SELECT v FROM t WHERE id = 1";
+    let volatile = "SELECT v FROM t WHERE id = 1 AND random() >= 0";
+    first(&c, cached).await;
+    first(&c, cached).await;
+    first(&c, volatile).await;
+    // Columns: database, role, context, cacheable, reason, depends_on, ttl, invalidates, shape.
+    let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {cached}")).await;
+    let r = &explained[0];
+    assert_eq!(r[1].as_deref(), Some("postgres"), "{explained:?}");
+    assert_eq!(r[3].as_deref(), Some("yes"), "{explained:?}");
+    assert!(
+        r[5].as_deref()
+            .is_some_and(|d| d.split(", ").any(|t| t.ends_with('t'))),
+        "depends on t: {explained:?}"
+    );
+    assert_eq!(r[8].as_deref(), Some("SELECT v FROM t WHERE id = ?"));
+    let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {volatile}")).await;
+    assert_eq!(explained[0][3].as_deref(), Some("no"), "{explained:?}");
+    assert_eq!(
+        explained[0][4].as_deref(),
+        Some("volatile_function"),
+        "{explained:?}"
+    );
+    // A statement pgmemo has not planned yet is analysed without the catalog.
+    let explained = admin_rows(&memo, "EXPLAIN CACHE SELECT v FROM t FOR UPDATE").await;
+    assert_eq!(explained[0][3].as_deref(), Some("no"), "{explained:?}");
+    assert_eq!(
+        explained[0][4].as_deref(),
+        Some("locking_clause"),
+        "{explained:?}"
+    );
+
+    // Columns: database, table, oid, fills, invalidations.
+    let t_row = |rows: &[Vec<Option<String>>]| {
+        rows.iter()
+            .find(|r| r[1].as_deref().is_some_and(|n| n.ends_with('t')))
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for t: {rows:?}"))
+    };
+    let before = t_row(&admin_rows(&memo, "SHOW TABLES").await);
+    assert_eq!(
+        before[3].as_deref(),
+        Some("1"),
+        "one result stored: {before:?}"
+    );
+    let invalidations: u64 = before[4].as_deref().unwrap().parse().unwrap();
+    c.batch_execute("UPDATE t SET v = 'changed' WHERE id = 2")
+        .await
+        .unwrap();
+    let after = t_row(&admin_rows(&memo, "SHOW TABLES").await);
+    assert_eq!(
+        after[4].as_deref().unwrap().parse::<u64>().unwrap(),
+        invalidations + 1,
+        "the write through pgmemo invalidated t: {after:?}"
+    );
+}
+
+/// Reads that pgmemo relays without storing: a result over `max_entry_size`, rows fetched
+/// from a cursor, an Execute with a row limit (the portal is suspended, the result partial).
+/// Each is answered fresh after a direct write, and counted under its refusal.
+#[tokio::test]
+async fn oversized_results_cursors_and_row_limited_portals_are_not_cached() {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT '2024-01-01 12:00Z');
+         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
+    )
+    .await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.max_entry_size = pgmemo::config::ByteSize(4096);
+    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+    let direct = pg.client("postgres", "postgres").await;
+    let mut c = memo.client("postgres", "postgres").await;
+
+    // 2,000 copies of v: 6 kB and more, over the 4 kB limit; a small result still fits.
+    let big = "SELECT repeat(v, 2000) FROM t WHERE id = 1";
+    assert!(!served_from_cache(&c, &direct, big).await);
+    assert!(show_cache(&memo, "refused_too_large").await > 0);
+    assert!(served_from_cache(&c, &direct, "SELECT v FROM t WHERE id = 2").await);
+
+    for round in 0..3 {
+        c.batch_execute("BEGIN; DECLARE cur CURSOR FOR SELECT v FROM t WHERE id = 1")
+            .await
+            .unwrap();
+        let fetched = first(&c, "FETCH 1 FROM cur").await;
+        c.batch_execute("COMMIT").await.unwrap();
+        let fresh = first(&direct, "SELECT v FROM t WHERE id = 1").await;
+        assert_eq!(fetched, fresh, "FETCH, round {round}");
+        direct
+            .batch_execute("UPDATE t SET v = v || '+' WHERE id = 1")
+            .await
+            .unwrap();
+    }
+
+    // The whole result is cached; a row-limited Execute of the same statement must neither be
+    // answered with it (a different response: all rows, no PortalSuspended) nor store its own.
+    let stmt = c.prepare("SELECT v FROM t WHERE id = $1").await.unwrap();
+    let cached = get(&c, &stmt).await;
+    assert_eq!(get(&c, &stmt).await, cached);
+    let hits = show_cache(&memo, "hits").await;
+    assert_eq!(get(&c, &stmt).await, cached);
+    assert_eq!(
+        show_cache(&memo, "hits").await,
+        hits + 1,
+        "the whole result is cached"
+    );
+    for round in 0..3 {
+        let tx = c.transaction().await.unwrap();
+        let portal = tx.bind(&stmt, &[&1i32]).await.unwrap();
+        let rows = tx.query_portal(&portal, 1).await.unwrap();
+        tx.commit().await.unwrap();
+        let got: Option<String> = rows[0].get(0);
+        let fresh = first(&direct, "SELECT v FROM t WHERE id = 1").await;
+        assert_eq!(got, fresh, "Execute with max_rows 1, round {round}");
+        direct
+            .batch_execute("UPDATE t SET v = v || '+' WHERE id = 1")
+            .await
+            .unwrap();
+    }
+    assert!(show_cache(&memo, "refused_portal_suspension").await > 0);
+}
+
 /// An IMMUTABLE (by declaration) function that takes a while: a slow cacheable read.
 const SLOW: &str = "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
     $$ BEGIN PERFORM pg_sleep(0.6); RETURN x; END $$;";

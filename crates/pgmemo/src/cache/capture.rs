@@ -69,7 +69,8 @@ pub struct Filling {
     bytes: Vec<u8>,
     description_len: usize,
     completes: usize,
-    ok: bool,
+    /// Why the response will not be stored, once that is known.
+    refused: Option<Refusal>,
     error: bool,
 }
 
@@ -82,7 +83,7 @@ impl Filling {
             bytes: scratch,
             description_len: 0,
             completes: 0,
-            ok: true,
+            refused: None,
             error: false,
         }
     }
@@ -92,7 +93,7 @@ impl Filling {
         if tag == b'E' {
             self.error = true;
         }
-        if !self.ok {
+        if self.refused.is_some() {
             return;
         }
         match tag {
@@ -108,18 +109,19 @@ impl Filling {
             }
             // ParseComplete, BindComplete, NoData: the hit path writes its own.
             b'1' | b'2' | b'n' => {}
-            // Errors, notices, notifications, parameter changes, copy, empty query: the
-            // response is not what a later identical request would get.
-            _ => self.abort(),
+            // Errors, notices, notifications, parameter changes, copy, empty query, a
+            // suspended portal: the response is not what a later identical request would get.
+            _ => self.abort(Refusal::NotStored),
         }
         if self.bytes.len() > self.capture.max_bytes {
-            self.abort();
+            self.abort(Refusal::TooLarge);
         }
     }
 
-    /// Gives up on storing this response (it streams on to the client untouched).
-    pub fn abort(&mut self) {
-        self.ok = false;
+    /// Gives up on storing this response (it streams on to the client untouched), for
+    /// `reason` (counted when the response ends; the first reason is the one counted).
+    pub fn abort(&mut self, reason: Refusal) {
+        self.refused.get_or_insert(reason);
         self.bytes.clear();
         if self.bytes.capacity() > KEEP_SCRATCH {
             self.bytes = Vec::new();
@@ -128,12 +130,12 @@ impl Filling {
 
     /// Whether an incoming frame of `len` bytes still fits.
     pub fn fits(&self, len: usize) -> bool {
-        self.ok && self.bytes.len() + len <= self.capture.max_bytes
+        self.refused.is_none() && self.bytes.len() + len <= self.capture.max_bytes
     }
 
     /// Whether the response is still being recorded.
     pub fn is_ok(&self) -> bool {
-        self.ok
+        self.refused.is_none()
     }
 
     /// The response ended (its ReadyForQuery arrived; `error`: the server reported one):
@@ -148,8 +150,9 @@ impl Filling {
         let micros = self.capture.started.elapsed().as_micros() as u64;
         self.capture.query.timed(micros);
         upstream_time.observe(micros);
-        let store = if !self.ok {
-            cache.stats.refused(Refusal::NotStored);
+        let store = if let Some(reason) = self.refused {
+            cache.stats.refused(reason);
+            self.capture.query.note_refusal(reason);
             false
         } else if error || self.error || self.completes != 1 {
             false

@@ -150,6 +150,12 @@ impl QueryStats {
         }
     }
 
+    /// Records why a miss already counted was not stored after all (its response was too
+    /// large, or not a clean result): `SHOW QUERIES`' last refusal.
+    pub fn note_refusal(&self, refusal: Refusal) {
+        *self.last_refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(refusal);
+    }
+
     /// Whether the statement is new or its misses take at least `min` upstream on average:
     /// such a statement's results are stored on their first miss (see [`super::admission`]).
     pub fn costly(&self, min: std::time::Duration) -> bool {

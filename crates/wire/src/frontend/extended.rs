@@ -270,6 +270,14 @@ impl Execute {
         }
     }
 
+    /// The row limit an Execute body asks for (0: none), checked as [`Execute::decode`]
+    /// checks it but borrowed.
+    pub fn max_rows_of(body: &[u8]) -> Result<i32, WireError> {
+        Self::portal_of(body)?;
+        let n = &body[body.len() - 4..];
+        Ok(i32::from_be_bytes([n[0], n[1], n[2], n[3]]))
+    }
+
     /// Appends the Execute frame to `out`.
     pub fn encode(&self, out: &mut BytesMut) {
         put_message(out, tag::EXECUTE, |b| {

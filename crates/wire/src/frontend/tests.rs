@@ -339,16 +339,19 @@ fn check_decode(frame: crate::frame::Frame) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    /// The borrowed portal reader accepts exactly what `Execute::decode` accepts, with the
-    /// same portal and the same error.
+    /// The borrowed portal and row-limit readers accept exactly what `Execute::decode`
+    /// accepts, with the same portal, row limit and error.
     #[test]
     fn execute_portal_of_agrees_with_decode(body in prop::collection::vec(
         prop_oneof![Just(0u8), any::<u8>()], 0..12,
     )) {
         let decoded = Execute::decode(Bytes::from(body.clone()));
-        let borrowed = Execute::portal_of(&body);
+        let borrowed = Execute::portal_of(&body).and_then(|p| Ok((p, Execute::max_rows_of(&body)?)));
         match (decoded, borrowed) {
-            (Ok(msg), Ok(portal)) => prop_assert_eq!(&msg.portal[..], portal),
+            (Ok(msg), Ok((portal, max_rows))) => {
+                prop_assert_eq!(&msg.portal[..], portal);
+                prop_assert_eq!(msg.max_rows, max_rows);
+            }
             (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
             (a, b) => prop_assert!(false, "decode {:?} but portal_of {:?}", a, b),
         }

@@ -177,6 +177,10 @@ impl Requests<'_> {
                 }
                 if tag == b'E' {
                     pump.syncs_since_request = 0;
+                    let portal = cstr(&frame[5..]).map(|(p, _)| p).unwrap_or_default();
+                    if let Some(plan) = self.portal_plan(portal, pump) {
+                        self.count_unkeyed_read(&frame, plan);
+                    }
                 }
                 send(server, &frame).await?;
             }
@@ -648,14 +652,9 @@ impl Requests<'_> {
             }
             b'E' => {
                 let portal = cstr(body).map(|(p, _)| p).unwrap_or_default();
-                let epoch = self.session.db.plans_epoch();
-                let effects = pump
-                    .portals
-                    .get(portal)
-                    .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
-                    .and_then(|s| s.plan.as_ref())
-                    .filter(|(_, e, p, _)| *e == epoch && p.complete)
-                    .map(|(_, _, p, _)| p.effects.clone())
+                let effects = self
+                    .portal_plan(portal, pump)
+                    .map(|p| p.effects.clone())
                     .unwrap_or_else(|| self.effects_without_catalog(portal, pump));
                 pump.batch_effects.merge(&effects);
             }
@@ -673,6 +672,31 @@ impl Requests<'_> {
 
     /// Effects of executing a portal whose statement has no plan yet: from the memo when the
     /// shape is known, else assumed to write anything.
+    /// The current, complete plan of the statement bound to `portal`, if pgmemo has one.
+    fn portal_plan(&self, portal: &[u8], pump: &Pump) -> Option<&Arc<Plan>> {
+        let epoch = self.session.db.plans_epoch();
+        pump.portals
+            .get(portal)
+            .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
+            .and_then(|s| s.plan.as_ref())
+            .filter(|(_, e, p, _)| *e == epoch && p.complete)
+            .map(|(_, _, p, _)| p)
+    }
+
+    /// Counts an Execute relayed outside a batch the cache keys (`[Parse] Bind [Describe]
+    /// Execute Sync` of the unnamed portal) when it runs a cacheable read: a row limit
+    /// suspends the portal, any other shape is an unsupported batch.
+    fn count_unkeyed_read(&self, execute: &[u8], plan: &Plan) {
+        if plan.read.is_err() {
+            return;
+        }
+        let reason = match wire::frontend::Execute::max_rows_of(&execute[5..]) {
+            Ok(0) => Refusal::UnsupportedBatch,
+            _ => Refusal::PortalSuspension,
+        };
+        self.shared.cache.stats.refused_query(reason, &plan.query);
+    }
+
     fn effects_without_catalog(&self, portal: &[u8], pump: &Pump) -> Effects {
         let text = pump
             .portals
@@ -905,6 +929,8 @@ impl Requests<'_> {
                         self.shared.cache.stats.refused_query(r, &plan.query);
                     }
                 }
+            } else if !time_literal {
+                self.count_unkeyed_read(frame, &plan);
             }
         }
         pump.batch_effects = Effects::default();

@@ -15,7 +15,7 @@ use wire::{ErrorResponse, FrameHeader};
 use super::{Action, ClientWriter, Directive, Link};
 use crate::cache::capture::Filling;
 use crate::cache::catalog::Row;
-use crate::cache::plan::Effects;
+use crate::cache::plan::{Effects, Refusal};
 use crate::cache::DatabaseCache;
 use crate::client::relay::{refill_position, PumpError, RelayState, MAX_SERVER_FRAME};
 use crate::shared::Shared;
@@ -89,7 +89,7 @@ where
                 );
                 if let Some(f) = flight.filling.as_mut() {
                     if !f.fits(len) {
-                        f.abort();
+                        f.abort(Refusal::TooLarge);
                     }
                 }
                 let capturing = flight.filling.as_ref().is_some_and(Filling::is_ok);

@@ -10,7 +10,7 @@ use wire::backend::TransactionStatus;
 use super::request::{Kind, Request, Statement};
 use super::{Planned, ServerCatalog, TxnCache, MAX_PLANNED_AFTER, MAX_STATEMENT_PLANS};
 use crate::cache::context::Context;
-use crate::cache::plan::Effects;
+use crate::cache::plan::{Effects, Refusal};
 use crate::cache::planner::{self, Planning};
 use crate::client::transaction::link::ClientState;
 use crate::pool::ServerConn;
@@ -195,7 +195,7 @@ impl TxnCache {
         match ready {
             None => {
                 if !filling.fits(frame.len()) {
-                    filling.abort();
+                    filling.abort(Refusal::TooLarge);
                 }
                 filling.add(tag, frame);
             }
