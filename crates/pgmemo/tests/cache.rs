@@ -6,11 +6,18 @@
 mod cache_support;
 mod raw;
 
-use cache_support::{first, show_cache};
+use cache_support::{admin_rows, first, show_cache};
 use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 async fn setup() -> (TempPostgres, PgmemoInstance, Client) {
+    setup_with(|_| {}).await
+}
+
+/// [`setup`] with pgmemo's configuration adjusted by `adjust`.
+async fn setup_with(
+    adjust: impl FnOnce(&mut pgmemo::config::Config),
+) -> (TempPostgres, PgmemoInstance, Client) {
     let pg = TempPostgres::builder()
         .start()
         .await
@@ -20,9 +27,9 @@ async fn setup() -> (TempPostgres, PgmemoInstance, Client) {
          INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
     )
     .await;
-    let memo = spawn_pgmemo(pgmemo_config_for(pg.port()))
-        .await
-        .expect("pgmemo starts");
+    let mut config = pgmemo_config_for(pg.port());
+    adjust(&mut config);
+    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
     let direct = pg.client("postgres", "postgres").await;
     (pg, memo, direct)
 }
@@ -418,23 +425,6 @@ async fn admin_console_reports_hits_and_purges() {
     assert_eq!(first(&c, q).await.as_deref(), Some("purged"));
 }
 
-/// The rows of an admin console command, as text.
-async fn admin_rows(memo: &PgmemoInstance, command: &str) -> Vec<Vec<Option<String>>> {
-    let admin = memo.client("postgres", "pgmemo").await;
-    admin
-        .simple_query(command)
-        .await
-        .unwrap_or_else(|e| panic!("{command}: {e}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
-            }
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn explain_cache_and_show_tables_tell_what_the_cache_decided() {
     let (_pg, memo, _direct) = setup().await;
@@ -501,19 +491,8 @@ async fn explain_cache_and_show_tables_tell_what_the_cache_decided() {
 /// Each is answered fresh after a direct write, and counted under its refusal.
 #[tokio::test]
 async fn oversized_results_cursors_and_row_limited_portals_are_not_cached() {
-    let pg = TempPostgres::builder()
-        .start()
-        .await
-        .expect("cluster starts");
-    pg.psql(
-        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT '2024-01-01 12:00Z');
-         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
-    )
-    .await;
-    let mut config = pgmemo_config_for(pg.port());
-    config.max_entry_size = pgmemo::config::ByteSize(4096);
-    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
-    let direct = pg.client("postgres", "postgres").await;
+    let (_pg, memo, direct) =
+        setup_with(|c| c.max_entry_size = pgmemo::config::ByteSize(4096)).await;
     let mut c = memo.client("postgres", "postgres").await;
 
     // 2,000 copies of v: 6 kB and more, over the 4 kB limit; a small result still fits.
@@ -562,6 +541,14 @@ async fn oversized_results_cursors_and_row_limited_portals_are_not_cached() {
             .unwrap();
     }
     assert!(show_cache(&memo, "refused_portal_suspension").await > 0);
+    // A named portal run whole is not a batch the cache keys either.
+    let tx = c.transaction().await.unwrap();
+    let portal = tx.bind(&stmt, &[&1i32]).await.unwrap();
+    let rows = tx.query_portal(&portal, 0).await.unwrap();
+    tx.commit().await.unwrap();
+    let fresh = first(&direct, "SELECT v FROM t WHERE id = 1").await;
+    assert_eq!(rows[0].get::<_, Option<String>>(0), fresh, "a named portal");
+    assert!(show_cache(&memo, "refused_unsupported_batch").await > 0);
 }
 
 /// An IMMUTABLE (by declaration) function that takes a while: a slow cacheable read.

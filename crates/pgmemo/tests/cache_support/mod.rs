@@ -26,15 +26,30 @@ pub async fn first(client: &Client, sql: &str) -> Option<String> {
         .flatten()
 }
 
-/// One counter of the admin console's `SHOW CACHE`.
-pub async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
+/// The rows of an admin console command, as text.
+pub async fn admin_rows(memo: &PgmemoInstance, command: &str) -> Vec<Vec<Option<String>>> {
     let admin = memo.client("postgres", "pgmemo").await;
-    let rows = admin.simple_query("SHOW CACHE").await.unwrap();
-    rows.iter()
-        .find_map(|m| match m {
-            SimpleQueryMessage::Row(r) if r.get(0) == Some(name) => r.get(1).map(str::to_owned),
+    admin
+        .simple_query(command)
+        .await
+        .unwrap_or_else(|e| panic!("{command}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+            }
             _ => None,
         })
+        .collect()
+}
+
+/// One counter of the admin console's `SHOW CACHE`.
+pub async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
+    admin_rows(memo, "SHOW CACHE")
+        .await
+        .into_iter()
+        .find(|r| r[0].as_deref() == Some(name))
+        .and_then(|r| r[1].clone())
         .unwrap_or_else(|| panic!("SHOW CACHE has no {name}"))
         .parse()
         .unwrap()

@@ -2,8 +2,6 @@
 //! memoized plan), applied at COMMIT and dropped at ROLLBACK, the capture of the first
 //! request's response, and the planning of new statements once the transaction is over.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use wire::backend::TransactionStatus;
 
@@ -11,7 +9,7 @@ use super::request::{Kind, Request, Statement};
 use super::{Planned, ServerCatalog, TxnCache, MAX_PLANNED_AFTER, MAX_STATEMENT_PLANS};
 use crate::cache::context::Context;
 use crate::cache::plan::{Effects, Refusal};
-use crate::cache::planner::{self, Planning};
+use crate::cache::planner;
 use crate::client::transaction::link::ClientState;
 use crate::pool::ServerConn;
 
@@ -90,8 +88,7 @@ impl TxnCache {
         {
             return p.plan.effects.clone();
         }
-        let config = Arc::clone(&self.config);
-        let planning = Planning::in_context(&self.db, &self.shared.cache, &config, context, epoch);
+        let planning = self.planning(context, epoch);
         let (plan, _) = planner::plan_without_catalog(&planning, text);
         if !plan.complete
             && context_id.is_some()
@@ -115,9 +112,7 @@ impl TxnCache {
             return;
         };
         let epoch = self.plans_epoch();
-        let config = Arc::clone(&self.config);
-        let planning =
-            Planning::in_context(&self.db, &self.shared.cache, &config, Some(&context), epoch);
+        let planning = self.planning(Some(&context), epoch);
         let mut catalog = ServerCatalog(server);
         for text in &texts {
             if planner::plan(&planning, text, Some(&mut catalog))

@@ -172,6 +172,12 @@ impl TxnCache {
         }
     }
 
+    /// Planning in `context` with the configuration in force, known current at `epoch` (from
+    /// [`Self::plans_epoch`]).
+    fn planning(&self, context: Option<&Context>, epoch: u64) -> Planning<'_> {
+        Planning::in_context(&self.db, &self.shared.cache, &self.config, context, epoch)
+    }
+
     /// The database's plans epoch, with the configuration brought up to date after reading
     /// it: the order [`Planning::epoch`] needs, since a reload stores the new configuration
     /// before it drops the memo (a plan made under the old table lists must not be memoized).
@@ -267,14 +273,7 @@ impl TxnCache {
             None => {
                 let text: Arc<str> = Self::text(request, buf, state)?.into();
                 let epoch = self.plans_epoch();
-                let config = Arc::clone(&self.config);
-                let planning = Planning::in_context(
-                    &self.db,
-                    &self.shared.cache,
-                    &config,
-                    Some(&context),
-                    epoch,
-                );
+                let planning = self.planning(Some(&context), epoch);
                 let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
                 if !plan.complete {
                     return None;
@@ -360,14 +359,7 @@ impl TxnCache {
             Some(p) => (Arc::clone(&p.plan), p.time_literal),
             None => {
                 let text: Arc<str> = Self::text(&request, buf, state)?.into();
-                let config = Arc::clone(&self.config);
-                let planning = Planning::in_context(
-                    &self.db,
-                    &self.shared.cache,
-                    &config,
-                    Some(&context),
-                    epoch,
-                );
+                let planning = self.planning(Some(&context), epoch);
                 let mut catalog = ServerCatalog(server);
                 let (plan, time_literal) = planner::plan(&planning, &text, Some(&mut catalog))
                     .await
