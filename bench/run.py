@@ -214,9 +214,10 @@ def start_pgmemo(binary, pool_size, pool_mode, workdir, workers, extra_args=(), 
     return Proxy(name, popen, port, logfile)
 
 
-def start_pgbouncer(binary, pool_size, pool_mode, workdir, extra_settings=()):
+def start_pgbouncer(binary, pool_size, pool_mode, workdir, extra_settings=(), upstream_host=None):
     """Starts PgBouncer on a free port from a config in `workdir`/pgbouncer; `extra_settings` are
-    more `key = value` lines for its [pgbouncer] section."""
+    more `key = value` lines for its [pgbouncer] section; `upstream_host` replaces PG_HOST (a
+    directory: PostgreSQL's Unix-domain socket)."""
     port = free_port()
     extra = "".join(f"{line}\n" for line in extra_settings)
     d = workdir / "pgbouncer"
@@ -225,7 +226,7 @@ def start_pgbouncer(binary, pool_size, pool_mode, workdir, extra_settings=()):
     (d / "userlist.txt").write_text(f'"{PG_USER}" ""\n')
     (d / "pgbouncer.ini").write_text(f"""\
 [databases]
-{DB} = host={PG_HOST} port={PG_PORT} dbname={DB}
+{DB} = host={upstream_host or PG_HOST} port={PG_PORT} dbname={DB}
 
 [pgbouncer]
 listen_addr = 127.0.0.1

@@ -108,6 +108,7 @@ def resolve_targets(args, tools):
                 f"{passthrough.version([str(binary), '--version'])} ({binary}), "
                 f"{rev}; --pool-mode transaction --pool-size {args.pool_size} "
                 f"--worker-threads {args.pgmemo_workers} {' '.join(extra)}".rstrip()
+                + f"; --upstream {upstream_url(args)}"
                 + ("" if "--max-prepared-statements" in extra
                    else f"; max_prepared_statements: pgmemo's default (no such flag in --help)"))
     if "pgbouncer" in targets:
@@ -126,7 +127,8 @@ def resolve_targets(args, tools):
             setup["pgbouncer_settings"] = settings
             targets["pgbouncer"]["note"] = (
                 f"{ver} ({binary}); pool_mode = transaction, default_pool_size = {args.pool_size}, "
-                f"max_client_conn = 1000, auth_type = trust; "
+                f"max_client_conn = 1000, auth_type = trust, "
+                f"host = {args.upstream_socket or PG_HOST}; "
                 + (f"max_prepared_statements = {MAX_PREPARED_STATEMENTS}" if settings else
                    f"no max_prepared_statements before 1.21: -M prepared is expected to fail"))
     for t, info in targets.items():
@@ -135,15 +137,22 @@ def resolve_targets(args, tools):
     return setup, targets
 
 
+def upstream_url(args):
+    """pgmemo's upstream: PostgreSQL over TCP, or through its socket with --upstream-socket."""
+    host = args.upstream_socket.replace("/", "%2F") if args.upstream_socket else PG_HOST
+    return f"postgres://{PG_USER}@{host}:{PG_PORT}"
+
+
 def start_proxy(name, setup, args, workdir):
     """Starts pgmemo or PgBouncer in transaction mode and waits until a query goes through."""
     if name == "pgmemo":
         proxy = passthrough.start_pgmemo(
             setup["pgmemo"], args.pool_size, "transaction", workdir, args.pgmemo_workers,
-            extra_args=setup["pgmemo_args"], upstream=f"postgres://{PG_USER}@{PG_HOST}:{PG_PORT}")
+            extra_args=setup["pgmemo_args"], upstream=upstream_url(args))
     else:
         proxy = passthrough.start_pgbouncer(setup["pgbouncer"], args.pool_size, "transaction",
-                                            workdir, extra_settings=setup["pgbouncer_settings"])
+                                            workdir, extra_settings=setup["pgbouncer_settings"],
+                                            upstream_host=args.upstream_socket)
     try:
         proxy.wait_ready(setup["tools"], timeout=20)
     except BenchError:
@@ -448,6 +457,9 @@ def parse_args():
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     p.add_argument("--target-dir", type=Path, default=DEFAULT_TARGET_DIR,
                    help="CARGO_TARGET_DIR of the pgmemo build")
+    p.add_argument("--upstream-socket", metavar="DIR",
+                   help="the proxies reach PostgreSQL through its Unix-domain socket in DIR "
+                        "(e.g. /var/run/postgresql) instead of TCP; clients still use TCP")
     p.add_argument("--pgmemo-bin", help="use this pgmemo binary (no build)")
     p.add_argument("--no-build", action="store_true",
                    help="use TARGET_DIR/release/pgmemo as it is, build nothing")

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::Rng;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use wire::startup::CancelKey;
 
 /// Where a cancel for one client must go, read from its [`CancelSlot`] when one arrives.
@@ -138,7 +137,7 @@ impl CancelRegistry {
 }
 
 async fn send_cancel(target: &ServerCancelTarget) -> std::io::Result<()> {
-    let mut s = TcpStream::connect((&*target.host, target.port)).await?;
+    let mut s = crate::net::connect(&target.host, target.port).await?;
     s.write_all(&target.key.encode_cancel_request()).await?;
     s.flush().await?;
     // PostgreSQL closes the socket once it has read the request; waiting for that keeps the

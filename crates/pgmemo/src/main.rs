@@ -43,6 +43,9 @@ struct Cli {
     /// Address clients connect to [default: 127.0.0.1:6432].
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Also listen on a Unix-domain socket in this directory [default: off].
+    #[arg(long, value_name = "DIR")]
+    unix_socket_dir: Option<PathBuf>,
     /// PostgreSQL server, postgres://[USER[:PASSWORD]@]HOST[:PORT][/DB][?sslmode=..]
     /// [default: postgres://127.0.0.1:5432].
     #[arg(long, value_name = "URL", value_parser = parse_upstream)]
@@ -92,6 +95,12 @@ impl Cli {
         };
         set("listen", self.listen.map(|a| a.to_string().into()));
         set("upstream", self.upstream.clone().map(Into::into));
+        set(
+            "unix_socket_dir",
+            self.unix_socket_dir
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned().into()),
+        );
         set(
             "metrics_listen",
             self.metrics_listen.map(|a| a.to_string().into()),

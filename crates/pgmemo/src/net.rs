@@ -1,33 +1,94 @@
-//! A socket that is either plain TCP or TLS over TCP, for both the client and the server side,
-//! so the rest of pgmemo reads and writes without caring which.
+//! A socket that is either plain (TCP or Unix-domain) or TLS over TCP, for both the client and
+//! the server side, so the rest of pgmemo reads and writes without caring which.
 
-use std::io::{self, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// A non-blocking TCP socket registered with tokio's reactor, like `tokio::net::TcpStream`,
-/// with one difference that matters on the relay's hot path: a read that returns less than the
-/// buffer could hold has drained the socket, so it clears the readiness flag right away.
-/// tokio's own stream only learns that from a second `recv` failing with EAGAIN, which costs a
-/// system call per message in each direction. The clear is race-free: it only applies to the
-/// readiness event observed before the read, so data arriving afterwards still wakes the task.
-pub struct FastTcp {
-    fd: AsyncFd<std::net::TcpStream>,
+/// Who is at the other end of a client connection, for logs and `SHOW CLIENTS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// A TCP client, by address.
+    Tcp(std::net::SocketAddr),
+    /// A client of pgmemo's Unix-domain socket, which has no address; shown as PostgreSQL
+    /// logs such clients, `[local]`.
+    Unix,
 }
 
-impl FastTcp {
-    /// Takes over a connected tokio stream (deregistering it from tokio's own registration).
-    pub fn from_tokio(stream: tokio::net::TcpStream) -> io::Result<FastTcp> {
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Peer::Tcp(addr) => addr.fmt(f),
+            Peer::Unix => f.write_str("[local]"),
+        }
+    }
+}
+
+/// A non-blocking TCP or Unix-domain stream socket registered with tokio's reactor, like
+/// `tokio::net::TcpStream`, with one difference that matters on the relay's hot path: a read
+/// that returns less than the buffer could hold has drained the socket, so it clears the
+/// readiness flag right away. tokio's own stream only learns that from a second `recv` failing
+/// with EAGAIN, which costs a system call per message in each direction. The clear is
+/// race-free: it only applies to the readiness event observed before the read, so data
+/// arriving afterwards still wakes the task.
+pub struct FastSocket {
+    /// A connected stream socket; TCP and Unix-domain ones are read, written and shut down
+    /// with the same system calls.
+    fd: AsyncFd<OwnedFd>,
+}
+
+/// Whether `host` names a directory holding PostgreSQL's Unix-domain socket (as libpq reads
+/// a host that starts with a slash) rather than a TCP host.
+pub fn is_unix_socket_dir(host: &str) -> bool {
+    host.starts_with('/')
+}
+
+/// The path of the Unix-domain socket a PostgreSQL-protocol server listening on `port` keeps
+/// in `dir` (libpq's and PostgreSQL's naming).
+pub fn unix_socket_path(dir: &str, port: u16) -> std::path::PathBuf {
+    std::path::Path::new(dir).join(format!(".s.PGSQL.{port}"))
+}
+
+/// Connects to `host:port`: over TCP (Nagle off: the protocol's messages are small and
+/// answered), or to the Unix-domain socket in `host` when it is a directory
+/// ([`is_unix_socket_dir`]), which skips the kernel's TCP/IP stack: on one machine the cheaper
+/// way to PostgreSQL.
+pub async fn connect(host: &str, port: u16) -> io::Result<FastSocket> {
+    if is_unix_socket_dir(host) {
+        let s = tokio::net::UnixStream::connect(unix_socket_path(host, port)).await?;
+        FastSocket::from_tokio_unix(s)
+    } else {
+        let s = tokio::net::TcpStream::connect((host, port)).await?;
+        s.set_nodelay(true)?;
+        FastSocket::from_tokio(s)
+    }
+}
+
+impl FastSocket {
+    /// Takes over a connected tokio TCP stream (deregistering it from tokio's own
+    /// registration).
+    pub fn from_tokio(stream: tokio::net::TcpStream) -> io::Result<FastSocket> {
         let std = stream.into_std()?;
         std.set_nonblocking(true)?;
-        // SAFETY: a std TcpStream owns its descriptor, keeps it open until dropped and always
-        // reports the same one.
-        let fd = unsafe { AsyncFd::register(std) }.map_err(io::Error::from)?;
-        Ok(FastTcp { fd })
+        FastSocket::register(std.into())
+    }
+
+    /// Takes over a connected tokio Unix-domain stream.
+    pub fn from_tokio_unix(stream: tokio::net::UnixStream) -> io::Result<FastSocket> {
+        let std = stream.into_std()?;
+        std.set_nonblocking(true)?;
+        FastSocket::register(std.into())
+    }
+
+    fn register(socket: OwnedFd) -> io::Result<FastSocket> {
+        // SAFETY: an OwnedFd keeps its descriptor open until dropped and always reports the
+        // same one.
+        let fd = unsafe { AsyncFd::register(socket) }.map_err(io::Error::from)?;
+        Ok(FastSocket { fd })
     }
 
     /// Whether the reactor has seen the socket become readable since the last read that
@@ -76,7 +137,24 @@ impl FastTcp {
     fn poll_write_inner(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         loop {
             let mut guard = ready!(self.fd.poll_write_ready(cx))?;
-            match guard.try_io(|inner| inner.get_ref().write(data)) {
+            let result = guard.try_io(|inner| {
+                // SAFETY: `data` is valid for `data.len()` bytes; MSG_NOSIGNAL turns a write to
+                // a closed peer into EPIPE rather than a signal.
+                let n = unsafe {
+                    libc::send(
+                        inner.as_raw_fd(),
+                        data.as_ptr().cast(),
+                        data.len(),
+                        libc::MSG_NOSIGNAL,
+                    )
+                };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match result {
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Ok(result) => return Poll::Ready(result),
                 Err(_would_block) => continue,
@@ -85,20 +163,24 @@ impl FastTcp {
     }
 
     fn shutdown_write(&self) -> io::Result<()> {
-        match self.fd.get_ref().shutdown(std::net::Shutdown::Write) {
-            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
-            other => other,
+        // SAFETY: the descriptor is a socket owned by `self`.
+        if unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_WR) } == 0 {
+            return Ok(());
+        }
+        match io::Error::last_os_error() {
+            e if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+            e => Err(e),
         }
     }
 }
 
-impl AsRawFd for FastTcp {
+impl AsRawFd for FastSocket {
     fn as_raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 }
 
-impl AsyncRead for FastTcp {
+impl AsyncRead for FastSocket {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -108,7 +190,7 @@ impl AsyncRead for FastTcp {
     }
 }
 
-impl AsyncWrite for FastTcp {
+impl AsyncWrite for FastSocket {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -126,7 +208,7 @@ impl AsyncWrite for FastTcp {
 
 /// Reading and writing through shared references lets the relay use one socket from two pumps
 /// at once without a lock (as `tokio::net::TcpStream::split` does).
-impl AsyncRead for &FastTcp {
+impl AsyncRead for &FastSocket {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -136,7 +218,7 @@ impl AsyncRead for &FastTcp {
     }
 }
 
-impl AsyncWrite for &FastTcp {
+impl AsyncWrite for &FastSocket {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -152,16 +234,16 @@ impl AsyncWrite for &FastTcp {
     }
 }
 
-/// Plain TCP or TLS over TCP.
+/// A plain socket (TCP or Unix-domain) or TLS over TCP.
 pub enum MaybeTls<T> {
-    Plain(FastTcp),
+    Plain(FastSocket),
     Tls(Box<T>),
 }
 
 /// The client side of pgmemo (pgmemo is the TLS server).
-pub type ClientStream = MaybeTls<tokio_rustls::server::TlsStream<FastTcp>>;
+pub type ClientStream = MaybeTls<tokio_rustls::server::TlsStream<FastSocket>>;
 /// The server side of pgmemo (pgmemo is the TLS client).
-pub type ServerStream = MaybeTls<tokio_rustls::client::TlsStream<FastTcp>>;
+pub type ServerStream = MaybeTls<tokio_rustls::client::TlsStream<FastSocket>>;
 
 impl<T> MaybeTls<T> {
     /// Whether TLS is in use.

@@ -2,7 +2,6 @@
 //! logout (a short lock), never on the query path.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -10,7 +9,7 @@ use std::time::SystemTime;
 /// What the admin console shows about one client.
 #[derive(Debug, Clone)]
 pub struct ClientInfo {
-    pub peer: SocketAddr,
+    pub peer: crate::net::Peer,
     pub user: String,
     pub database: String,
     pub tls: bool,

@@ -115,6 +115,10 @@ impl Shared {
             kept.push("listen");
             new.listen = old.listen;
         }
+        if new.unix_socket_dir != old.unix_socket_dir {
+            kept.push("unix_socket_dir");
+            new.unix_socket_dir = old.unix_socket_dir.clone();
+        }
         if new.upstream != old.upstream {
             kept.push("upstream");
             new.upstream = old.upstream.clone();

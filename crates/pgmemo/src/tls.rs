@@ -83,8 +83,12 @@ pub struct UpstreamTls {
 }
 
 impl UpstreamTls {
-    /// `None` for `sslmode=disable`.
+    /// `None` for `sslmode=disable`, and for an upstream reached through a Unix-domain socket,
+    /// where libpq does not try TLS whatever the sslmode.
     pub fn from_url(url: &UpstreamUrl) -> Result<Option<UpstreamTls>, String> {
+        if crate::net::is_unix_socket_dir(&url.host) {
+            return Ok(None);
+        }
         let verifier: Arc<dyn ServerCertVerifier> = match url.sslmode {
             SslMode::Disable => return Ok(None),
             SslMode::Prefer | SslMode::Require => Arc::new(AcceptAnyCert(provider())),

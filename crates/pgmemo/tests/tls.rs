@@ -264,6 +264,52 @@ async fn client_tls_required() {
     assert!(msg.contains("requires TLS"), "{msg}");
 }
 
+/// A Unix-domain socket never leaves the machine: with `client_tls_sslmode = require`, its
+/// clients get in without TLS (an SSLRequest there is answered 'N', as PostgreSQL answers on
+/// its socket), while plain TCP clients are still refused.
+#[tokio::test]
+async fn client_tls_required_leaves_the_unix_socket_alone() {
+    let pki = make_pki(&["localhost", "127.0.0.1"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pgmemo = start_pgmemo(Config {
+        tls_cert_file: Some(pki.cert_file.clone()),
+        tls_key_file: Some(pki.key_file.clone()),
+        client_tls_sslmode: ClientTlsMode::Require,
+        unix_socket_dir: Some(dir.path().to_str().expect("UTF-8").to_owned()),
+        ..pgmemo_config_for(LocalPostgres::PORT)
+    })
+    .await;
+    let path = dir.path().join(format!(".s.PGSQL.{}", pgmemo.port()));
+    let mut raw = tokio::net::UnixStream::connect(&path)
+        .await
+        .expect("raw connect");
+    tokio::io::AsyncWriteExt::write_all(&mut raw, &wire::startup::encode_ssl_request())
+        .await
+        .expect("SSLRequest");
+    let mut answer = [0u8; 1];
+    tokio::io::AsyncReadExt::read_exact(&mut raw, &mut answer)
+        .await
+        .expect("answer");
+    assert_eq!(&answer, b"N", "TLS offered over the Unix-domain socket");
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host_path(dir.path())
+        .port(pgmemo.port())
+        .user("postgres")
+        .dbname("test");
+    let client = connect_with(&config, NoTls)
+        .await
+        .expect("a socket client gets in without TLS");
+    assert_select_one(&client).await;
+    let err = connect_plain(pgmemo.port(), "postgres")
+        .await
+        .expect_err("plain TCP is still refused");
+    assert_eq!(
+        db_error(&err).0,
+        SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+    );
+}
+
 /// With `prefer` (the default) and a certificate, both kinds of clients get in.
 #[tokio::test]
 async fn client_tls_preferred() {

@@ -1,14 +1,12 @@
 //! The client's socket with its read buffer, and the few whole-message reads and writes the
 //! login phase needs.
 
-use std::net::SocketAddr;
-
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wire::{ErrorResponse, Frame};
 
 use super::ClientError;
-use crate::net::ClientStream;
+use crate::net::{ClientStream, Peer};
 
 /// A connected client.
 pub struct ClientConn {
@@ -17,7 +15,7 @@ pub struct ClientConn {
     /// Bytes read and not consumed yet.
     pub buf: BytesMut,
     /// The client's address, for logs.
-    pub peer: SocketAddr,
+    pub peer: Peer,
 }
 
 impl ClientConn {

@@ -13,12 +13,11 @@ mod session;
 mod startup;
 mod transaction;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpStream;
 use wire::{sqlstate, ErrorResponse, WireError};
 
+use crate::net::{FastSocket, Peer};
 use crate::pool::{PoolError, ServerError};
 use crate::shared::Shared;
 use crate::stats::Stats;
@@ -97,8 +96,7 @@ impl ClientError {
 
 /// Runs one client connection to its end. Never panics on bad input; every failure is logged
 /// with the client's address and, where possible, reported to the client as PostgreSQL would.
-pub async fn run(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
-    let _ = socket.set_nodelay(true);
+pub async fn run(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
     let Some(_slot) = shared.admit_client() else {
         Stats::bump(&shared.stats.clients_rejected);
         tracing::warn!(%peer, "client refused: max_client_conn reached");

@@ -2,12 +2,10 @@
 //! pgmemo's own BackendKeyData, ReadyForQuery), relay, and give the server connection back in a
 //! state no other client can notice.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::BytesMut;
-use tokio::net::TcpStream;
 use wire::{backend, sqlstate, ErrorResponse};
 
 use super::login::{login, pool_settings};
@@ -15,12 +13,13 @@ use super::relay::{self, End};
 use super::startup::{self, Opening};
 use super::{ClientConn, ClientError};
 use crate::config::PoolMode;
+use crate::net::{FastSocket, Peer};
 use crate::registry::ClientInfo;
 use crate::shared::Shared;
 use crate::stats::Stats;
 
 /// Serves a connection from accept to close.
-pub async fn serve(socket: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
     let login_timeout = shared.config().client_login_timeout.0;
     // Until the client is logged in it has no transaction to finish: once the shutdown grace
     // period is over it is closed like every other session, instead of holding the shutdown up
@@ -219,12 +218,7 @@ async fn tell_why_session_ends(client: &mut ClientConn, end: &End, shared: &Shar
 /// Answers the opening packets of a connection that cannot be served (SSLRequest with 'N',
 /// then the StartupMessage with `error`), the way PostgreSQL refuses a client it has no room
 /// for: after the startup packet, so every client library shows the message.
-pub async fn refuse(
-    socket: TcpStream,
-    peer: SocketAddr,
-    shared: &Arc<Shared>,
-    error: ErrorResponse,
-) {
+pub async fn refuse(socket: FastSocket, peer: Peer, shared: &Arc<Shared>, error: ErrorResponse) {
     let login_timeout = shared.config().client_login_timeout.0;
     let opened = tokio::time::timeout(login_timeout, startup::open(socket, peer, shared)).await;
     if let Ok(Ok(Opening::Session(mut client, _))) = opened {
@@ -232,7 +226,7 @@ pub async fn refuse(
     }
 }
 
-async fn report(client: Option<ClientConn>, e: &ClientError, peer: SocketAddr, shared: &Shared) {
+async fn report(client: Option<ClientConn>, e: &ClientError, peer: Peer, shared: &Shared) {
     if let ClientError::Protocol(_) = e {
         Stats::bump(&shared.stats.protocol_errors);
     }

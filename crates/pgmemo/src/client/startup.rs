@@ -1,17 +1,15 @@
 //! The opening of a client connection: SSLRequest/GSSENCRequest answers and the TLS upgrade,
 //! CancelRequest forwarding, and the StartupMessage with protocol-version negotiation.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use wire::startup::{encryption_answer, StartupMessage, StartupPacket};
 use wire::{backend, sqlstate, ErrorResponse};
 
 use super::{ClientConn, ClientError};
-use crate::net::{FastTcp, MaybeTls};
+use crate::net::{FastSocket, MaybeTls, Peer};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -26,14 +24,10 @@ pub enum Opening {
 /// Reads the first packet(s). Errors are returned for the caller to report; a connection that
 /// sends garbage gets a FATAL 08P01 and is closed, as PostgreSQL does.
 pub async fn open(
-    socket: TcpStream,
-    peer: SocketAddr,
+    socket: FastSocket,
+    peer: Peer,
     shared: &Arc<Shared>,
 ) -> Result<Opening, (Option<ClientConn>, ClientError)> {
-    let socket = match FastTcp::from_tokio(socket) {
-        Ok(s) => s,
-        Err(e) => return Err((None, e.into())),
-    };
     let mut conn = ClientConn {
         stream: MaybeTls::Plain(socket),
         buf: BytesMut::with_capacity(1024),
@@ -47,8 +41,9 @@ pub async fn open(
         };
         match packet {
             StartupPacket::SslRequest => {
+                // As PostgreSQL: no TLS over a Unix-domain socket.
                 let offer = match (&*tls, &conn.stream) {
-                    (Some(t), MaybeTls::Plain(_)) => Some(t.acceptor.clone()),
+                    (Some(t), MaybeTls::Plain(_)) if peer != Peer::Unix => Some(t.acceptor.clone()),
                     _ => None,
                 };
                 if let Err(e) = conn
@@ -91,7 +86,9 @@ pub async fn open(
             }
             StartupPacket::Startup(msg) => {
                 if let Some(t) = &*tls {
-                    if t.required && !conn.stream.is_tls() {
+                    // A Unix-domain socket never leaves the machine: TLS is neither offered
+                    // nor required there (PostgreSQL offers none on its socket either).
+                    if t.required && !conn.stream.is_tls() && peer != Peer::Unix {
                         let e = ErrorResponse::fatal(
                             sqlstate::INVALID_AUTHORIZATION_SPECIFICATION,
                             "pgmemo requires TLS connections (client_tls_sslmode = require)",

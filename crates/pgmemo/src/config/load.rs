@@ -19,6 +19,7 @@ const NON_CONFIG_ENV: &[&str] = &["PGMEMO_CONFIG", "PGMEMO_LOG"];
 /// Top-level keys of [`Config`]; a test keeps this list in step with the struct.
 const KEYS: &[&str] = &[
     "listen",
+    "unix_socket_dir",
     "worker_threads",
     "admin_users",
     "upstream",
@@ -689,6 +690,7 @@ mod tests {
         c.cache_table_ttl
             .insert("public.rates".into(), Seconds(Duration::from_secs(5)));
         c.metrics_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 9187)));
+        c.unix_socket_dir = Some("/var/run/pgmemo".into());
         c
     }
 

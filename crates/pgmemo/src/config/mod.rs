@@ -176,6 +176,10 @@ pub struct UserConfig {
 pub struct Config {
     /// Address clients connect to. Restart.
     pub listen: SocketAddr,
+    /// Directory where pgmemo also listens on a Unix-domain socket, `.s.PGSQL.<listen port>`,
+    /// as PostgreSQL does (so `psql -h DIR -p PORT` and libpq's socket defaults reach it);
+    /// unset means TCP only. Restart.
+    pub unix_socket_dir: Option<String>,
     /// The PostgreSQL server: `postgres://[USER[:PASSWORD]@]HOST[:PORT][/DB][?sslmode=..]`. Restart.
     pub upstream: UpstreamUrl,
     /// Session or transaction pooling. Restart.
@@ -269,6 +273,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 6432)),
+            unix_socket_dir: None,
             upstream: UpstreamUrl::default(),
             pool_mode: PoolMode::Session,
             pool_size: 20,

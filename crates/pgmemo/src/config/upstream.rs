@@ -21,7 +21,9 @@ pub enum SslMode {
     VerifyFull,
 }
 
-/// `postgres://[USER[:PASSWORD]@]HOST[:PORT][/DB][?sslmode=...&sslrootcert=...]`.
+/// `postgres://[USER[:PASSWORD]@]HOST[:PORT][/DB][?sslmode=...&sslrootcert=...]`. A `HOST`
+/// starting with `/` (percent-encoded in the authority, as libpq reads it, or given as
+/// `?host=/dir`) is the directory of the server's Unix-domain socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamUrl {
     pub host: String,
@@ -121,7 +123,8 @@ impl UpstreamUrl {
             }
         };
         if !host.is_empty() {
-            url.host = host.to_owned();
+            // libpq's way of naming a socket directory in a URL: `%2Fvar%2Frun%2Fpostgresql`.
+            url.host = percent_decode(host)?;
         }
         if let Some(p) = port {
             url.port = p
@@ -188,7 +191,9 @@ impl fmt::Display for UpstreamUrl {
             }
             f.write_str("@")?;
         }
-        if self.host.contains(':') {
+        if crate::net::is_unix_socket_dir(&self.host) {
+            write!(f, "{}:{}", percent_encode(&self.host), self.port)?;
+        } else if self.host.contains(':') {
             write!(f, "[{}]:{}", self.host, self.port)?;
         } else {
             write!(f, "{}:{}", self.host, self.port)?;
@@ -244,6 +249,23 @@ mod tests {
         assert_eq!(u.sslmode, SslMode::Require);
         assert_eq!(UpstreamUrl::parse(&u.to_string()).unwrap(), u);
         assert!(!u.redacted().contains("p%40ss"));
+    }
+
+    #[test]
+    fn a_socket_directory_is_a_host() {
+        for s in [
+            "postgres://bob@%2Fvar%2Frun%2Fpostgresql:5433/app",
+            "postgres://bob@/app?host=/var/run/postgresql&port=5433",
+        ] {
+            let u = UpstreamUrl::parse(s).unwrap();
+            assert_eq!(
+                (u.host.as_str(), u.port),
+                ("/var/run/postgresql", 5433),
+                "{s}"
+            );
+            assert_eq!(u.database.as_deref(), Some("app"));
+            assert_eq!(UpstreamUrl::parse(&u.to_string()).unwrap(), u);
+        }
     }
 
     #[test]

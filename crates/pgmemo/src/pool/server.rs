@@ -5,14 +5,13 @@
 use bytes::BytesMut;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use wire::backend::{Authentication, BackendMessage, TransactionStatus};
 use wire::scram::{ScramKeyClient, ScramKeys};
 use wire::startup::{encode_ssl_request, CancelKey, StartupMessage};
 use wire::{frontend, ErrorResponse, Frame, WireError};
 
 use crate::cancel::CancelSlot;
-use crate::net::{FastTcp, MaybeTls, ServerStream};
+use crate::net::{self, FastSocket, MaybeTls, ServerStream};
 use crate::tls::UpstreamTls;
 
 /// Servers may send large rows; pgmemo only frames whole the small messages it reads itself.
@@ -127,19 +126,19 @@ impl ServerConn {
         startup: &[(String, String)],
         fingerprint: u64,
     ) -> Result<Box<ServerConn>, ServerError> {
-        let tcp =
-            TcpStream::connect((host, port))
-                .await
-                .map_err(|source| ServerError::Connect {
-                    host: host.to_owned(),
-                    port,
-                    source,
-                })?;
-        tcp.set_nodelay(true)?;
-        let tcp = FastTcp::from_tokio(tcp)?;
+        let socket = net::connect(host, port)
+            .await
+            .map_err(|source| ServerError::Connect {
+                host: host.to_owned(),
+                port,
+                source,
+            })?;
+        // As libpq: TLS is never tried over a Unix-domain socket, whatever sslmode says
+        // (the socket's file permissions and the server's peer checks protect it).
+        let tls = tls.filter(|_| !net::is_unix_socket_dir(host));
         let stream = match tls {
-            None => MaybeTls::Plain(tcp),
-            Some(tls) => negotiate_tls(tcp, tls).await?,
+            None => MaybeTls::Plain(socket),
+            Some(tls) => negotiate_tls(socket, tls).await?,
         };
         let mut conn = Box::new(ServerConn {
             stream,
@@ -385,7 +384,10 @@ impl ServerConn {
     }
 }
 
-async fn negotiate_tls(mut tcp: FastTcp, tls: &UpstreamTls) -> Result<ServerStream, ServerError> {
+async fn negotiate_tls(
+    mut tcp: FastSocket,
+    tls: &UpstreamTls,
+) -> Result<ServerStream, ServerError> {
     tcp.write_all(&encode_ssl_request()).await?;
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await?;

@@ -1,13 +1,16 @@
-//! The listening sockets (clients, and metrics when `metrics_listen` is set), the accept loop
-//! and the handle the binary and the tests hold.
+//! The listening sockets (clients over TCP and, with `unix_socket_dir`, a Unix-domain socket;
+//! metrics when `metrics_listen` is set), the accept loop and the handle the binary and the
+//! tests hold.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::net::{FastSocket, Peer};
 use crate::shared::Shared;
 
 /// Why pgmemo could not start.
@@ -16,6 +19,11 @@ pub enum StartError {
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on Unix-domain socket {}: {source}", path.display())]
+    UnixListen {
+        path: PathBuf,
         source: std::io::Error,
     },
     #[error("cannot listen for metrics on {addr}: {source}")]
@@ -33,6 +41,8 @@ pub struct Pgmemo;
 /// A running pgmemo instance. Tests run several in one process; the binary runs one.
 pub struct PgmemoHandle {
     local_addr: SocketAddr,
+    /// The Unix-domain socket's path, with `unix_socket_dir`; removed at shutdown.
+    unix_socket: Option<PathBuf>,
     shared: Arc<Shared>,
     accept_task: tokio::task::JoinHandle<()>,
     /// The metrics endpoint's bound address and server task, when `metrics_listen` is set.
@@ -49,6 +59,22 @@ impl Pgmemo {
         let (listener, local_addr) = bind(addr)
             .await
             .map_err(|source| StartError::Listen { addr, source })?;
+        let unix = match shared.config().unix_socket_dir.clone() {
+            Some(dir) => {
+                let path = crate::net::unix_socket_path(&dir, local_addr.port());
+                let listener = bind_unix(&path).map_err(|source| StartError::UnixListen {
+                    path: path.clone(),
+                    source,
+                })?;
+                tracing::info!(path = %path.display(), "pgmemo listening on a Unix-domain socket");
+                Some((listener, path))
+            }
+            None => None,
+        };
+        let (unix_listener, unix_socket) = match unix {
+            Some((l, p)) => (Some(l), Some(p)),
+            None => (None, None),
+        };
         let metrics_listener = match shared.config().metrics_listen {
             Some(addr) => Some(
                 bind(addr)
@@ -58,7 +84,7 @@ impl Pgmemo {
             None => None,
         };
         tracing::info!(%local_addr, upstream = %shared.config().upstream.redacted(), "pgmemo listening");
-        let accept_task = tokio::spawn(accept_loop(listener, shared.clone()));
+        let accept_task = tokio::spawn(accept_loop(listener, unix_listener, shared.clone()));
         let metrics = metrics_listener.map(|(listener, addr)| {
             tracing::info!(%addr, "metrics at http://{addr}/metrics");
             let task = tokio::spawn(crate::metrics::serve(listener, shared.clone()));
@@ -68,6 +94,7 @@ impl Pgmemo {
         crate::invalidate::start(&shared);
         Ok(PgmemoHandle {
             local_addr,
+            unix_socket,
             shared,
             accept_task,
             metrics,
@@ -82,12 +109,57 @@ async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
     Ok((listener, local_addr))
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+/// A Unix-domain socket listening at `path`, open to every local user like PostgreSQL's
+/// (mode 0777: who may log in is for authentication to decide). A socket file left by a
+/// process that is gone is replaced; one that still answers is not.
+fn bind_unix(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            ));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another server is listening on it",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
+    Ok(listener)
+}
+
+/// The next client of the Unix-domain socket, or never when there is none.
+async fn accept_unix(listener: Option<&UnixListener>) -> std::io::Result<(FastSocket, Peer)> {
+    match listener {
+        Some(l) => {
+            let (socket, _) = l.accept().await?;
+            Ok((FastSocket::from_tokio_unix(socket)?, Peer::Unix))
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn accept_tcp(listener: &TcpListener) -> std::io::Result<(FastSocket, Peer)> {
+    let (socket, addr) = listener.accept().await?;
+    // A client that already reset its connection fails this; it is dropped at its first read,
+    // not counted as an accept failure (which backs off).
+    let _ = socket.set_nodelay(true);
+    Ok((FastSocket::from_tokio(socket)?, Peer::Tcp(addr)))
+}
+
+async fn accept_loop(listener: TcpListener, unix: Option<UnixListener>, shared: Arc<Shared>) {
     let stop = shared.stop_accepting.clone();
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
-            accepted = listener.accept() => accepted,
+            accepted = accept_tcp(&listener) => accepted,
+            accepted = accept_unix(unix.as_ref()) => accepted,
         };
         match accepted {
             Ok((socket, peer)) => {
@@ -126,6 +198,11 @@ impl PgmemoHandle {
         self.local_addr
     }
 
+    /// The path of pgmemo's Unix-domain socket, with `unix_socket_dir`.
+    pub fn unix_socket_path(&self) -> Option<&Path> {
+        self.unix_socket.as_deref()
+    }
+
     /// Where the Prometheus endpoint listens, if `metrics_listen` is set.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().map(|(addr, _)| *addr)
@@ -153,6 +230,9 @@ impl PgmemoHandle {
         let shared = self.shared;
         shared.stop_accepting.cancel();
         let _ = self.accept_task.await;
+        if let Some(path) = &self.unix_socket {
+            let _ = std::fs::remove_file(path);
+        }
         if let Some((_, metrics_task)) = self.metrics {
             let _ = metrics_task.await;
         }
