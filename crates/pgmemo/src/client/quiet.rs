@@ -1,10 +1,12 @@
 //! `Quiet`: a future wrapper that polls its inner future only after the inner future itself
 //! asked to be woken.
 //!
-//! `tokio::select!` polls every branch each time the task wakes. The relay's shutdown watcher
-//! (two cancellation tokens and a Notify) would then take three small locks on every message
-//! relayed, about a tenth of pgmemo's user-space time per transaction. Wrapped in `Quiet`, it is
-//! polled once to register, then only when a token or the Notify actually fires.
+//! `tokio::select!` polls every branch each time the task wakes. In the session relays that
+//! meant, at every message, the shutdown watcher's three small locks (two cancellation tokens
+//! and a Notify) and a pointless poll of the other pump's idle socket. Wrapped in `Quiet`, each
+//! branch is polled once to register, then only when something it waits on fires. Only for
+//! futures that wait on wakers alone: one that expects to be re-polled to notice a flag set by
+//! another branch would never be.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -154,12 +154,14 @@ impl Pumps<'_> {
         let st = self.st;
         // Fixed polling order: each branch is a loop that runs for the whole session, so
         // select!'s random start (a thread-local RNG draw per wake-up) buys no fairness here.
+        // Each pump is polled only after its own socket (or a write it waits on) woke the
+        // task: select! alone would poll the other pump's socket for nothing at every message.
         tokio::select! {
             biased;
-            r = client_to_server(cr, self.client_buf, sw, st, self.max_message) => {
+            r = Quiet::new(client_to_server(cr, self.client_buf, sw, st, self.max_message)) => {
                 client_pump_end(r, st)
             }
-            r = server_to_client(sr, self.server_buf, cw, st) => server_pump_end(r, st),
+            r = Quiet::new(server_to_client(sr, self.server_buf, cw, st)) => server_pump_end(r, st),
             _ = Quiet::new(shutdown_when_idle(st, shared)) => End::Shutdown,
         }
     }

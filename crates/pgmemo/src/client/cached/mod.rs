@@ -23,6 +23,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 pub use session::CacheSession;
 
+use super::quiet::Quiet;
 use super::relay::{End, RelayState};
 use super::ClientConn;
 pub(crate) use crate::cache::capture::Capture;
@@ -134,11 +135,18 @@ impl Link {
         self.front.store(front, Ordering::Relaxed);
     }
 
-    /// The bytes of the pipelined hit that answers request `seq`, if that is one.
+    /// The bytes of the pipelined hit that answers request `seq`, if that is one. Inlined
+    /// check, out-of-line lock: the server pump asks at every response.
+    #[inline(always)]
     fn take_hit(&self, seq: u64) -> Option<Vec<u8>> {
         if self.front.load(Ordering::Relaxed) != seq {
             return None;
         }
+        self.take_hit_locked(seq)
+    }
+
+    #[inline(never)]
+    fn take_hit_locked(&self, seq: u64) -> Option<Vec<u8>> {
         let mut d = self.directives.lock().unwrap_or_else(|e| e.into_inner());
         if !d
             .front()
@@ -154,10 +162,18 @@ impl Link {
         }
     }
 
+    /// The directive of request `seq`, if it has one. Inlined check, out-of-line lock: the
+    /// server pump asks at every message while no directive is in flight.
+    #[inline(always)]
     fn take(&self, seq: u64) -> Option<Directive> {
         if self.front.load(Ordering::Relaxed) != seq {
             return None;
         }
+        self.take_locked(seq)
+    }
+
+    #[inline(never)]
+    fn take_locked(&self, seq: u64) -> Option<Directive> {
         let mut d = self.directives.lock().unwrap_or_else(|e| e.into_inner());
         if d.front().is_none_or(|x| x.seq != seq) {
             return None;
@@ -251,12 +267,14 @@ where
         max_message,
         session,
     };
+    // As in the plain relay, each pump is polled only after something it waits on woke the
+    // task (both wait only on wakers: sockets, the client writer's lock, oneshots, flights).
     tokio::select! {
         biased;
-        r = requests.run(cr, cw, sw) => super::relay::client_pump_end(r, st),
-        r = responses::run(sr, server_buf, cw, st, link, shared, &db) => {
+        r = Quiet::new(requests.run(cr, cw, sw)) => super::relay::client_pump_end(r, st),
+        r = Quiet::new(responses::run(sr, server_buf, cw, st, link, shared, &db)) => {
             super::relay::server_pump_end(r, st)
         }
-        _ = super::quiet::Quiet::new(super::relay::shutdown_when_idle(st, shared)) => End::Shutdown,
+        _ = Quiet::new(super::relay::shutdown_when_idle(st, shared)) => End::Shutdown,
     }
 }
