@@ -821,6 +821,39 @@ async fn a_session_with_temporary_tables_shares_no_result() {
     }
 }
 
+/// A backend keeps its temporary schema after its temporary tables are gone; a session whose
+/// tables are all dropped shares results with the others again (the context's second query
+/// looks for relations in the schema), while one backend that never had any asks nothing more.
+#[tokio::test]
+async fn a_session_whose_temporary_tables_are_gone_shares_results_again() {
+    let (_pg, memo, direct) = setup().await;
+    let a = memo.client("postgres", "postgres").await;
+    let b = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    a.batch_execute("CREATE TEMP TABLE scratch (x int)")
+        .await
+        .unwrap();
+    a.batch_execute("DROP TABLE scratch").await.unwrap();
+    let has_schema = first(&a, "SELECT (pg_my_temp_schema() <> 0)::text").await;
+    assert_eq!(
+        has_schema.as_deref(),
+        Some("true"),
+        "the schema outlives the table"
+    );
+    // B stores the result (a cheap statement is stored from its second miss).
+    let before = first(&b, q).await;
+    assert_eq!(first(&b, q).await, before);
+    direct
+        .batch_execute("UPDATE t SET v = v || '+'")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&a, q).await,
+        before,
+        "A, without temporary tables, is served B's entry (a direct write is not seen here)"
+    );
+}
+
 #[tokio::test]
 async fn prepared_statements_follow_a_table_swapped_in_under_the_same_name() {
     let (pg, memo, _direct) = setup().await;

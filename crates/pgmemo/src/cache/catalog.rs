@@ -170,6 +170,12 @@ UNION ALL SELECT 'p', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, N
 /// A row of the lookup's answer, as text columns (NULL as `None`).
 pub type Row = Vec<Option<String>>;
 
+/// The first column of the first row of an answer to one of pgmemo's own queries (`None`: no
+/// answer, no row or NULL).
+pub fn first_value(rows: Option<Vec<Row>>) -> Option<String> {
+    rows?.into_iter().next()?.into_iter().next().flatten()
+}
+
 fn col(row: &Row, i: usize) -> Option<&str> {
     row.get(i).and_then(|c| c.as_deref())
 }

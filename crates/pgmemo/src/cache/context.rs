@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::catalog::first_value;
+use super::planner::Catalog;
 use crate::hash::Map;
 
 /// Settings that change the bytes PostgreSQL returns for the same statement (or how it resolves
@@ -33,9 +35,12 @@ pub const KEY_SETTINGS: &[&str] = &[
 ];
 
 /// The query that reads a session's context: roles first, then [`KEY_SETTINGS`] in order, then
-/// the session's temporary schema when it holds relations. A session with temporary tables can
-/// read different relations under the same names and settings as another, so it never shares a
-/// context (nor, therefore, a result) with any other session.
+/// the OID of the backend's temporary schema (`0` for a backend that never had one, as almost
+/// all pooled backends). A session with temporary tables can read different relations under
+/// the same names and settings as another, so it never shares a context (nor, therefore, a
+/// result) with any other session; whether a backend that has a temporary schema holds
+/// relations in it is asked separately ([`TEMP_RELATIONS_QUERY`]), since planning that
+/// catalog scan cost every session start about a third of the context query's time.
 pub fn context_query() -> &'static str {
     static QUERY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     QUERY.get_or_init(|| {
@@ -45,13 +50,71 @@ pub fn context_query() -> &'static str {
             q.push_str(s);
             q.push_str("')");
         }
-        q.push_str(
-            ", CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class \
-             WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
-             THEN pg_catalog.pg_my_temp_schema()::text ELSE '' END",
-        );
+        q.push_str(", pg_catalog.pg_my_temp_schema()::text");
         q
     })
+}
+
+/// Asked after [`context_query`] when the backend has a temporary schema: its OID when it holds
+/// relations, else empty (the schema outlives the tables that `DISCARD ALL` dropped).
+const TEMP_RELATIONS_QUERY: &str = "/* pgmemo temp relations */ SELECT CASE WHEN EXISTS \
+     (SELECT 1 FROM pg_catalog.pg_class WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
+     THEN pg_catalog.pg_my_temp_schema()::text ELSE '' END";
+
+/// Reads the context of the session behind `catalog` (one query; two on a backend that has a
+/// temporary schema) and interns it in `contexts`. `None` when the server did not answer.
+pub async fn read<C: Catalog>(
+    catalog: &mut C,
+    contexts: &Contexts,
+) -> Result<Option<Arc<Context>>, C::Error> {
+    let answer = catalog.ask(context_query()).await?;
+    let Some(row) = answer.and_then(|rows| rows.into_iter().next()) else {
+        return Ok(None);
+    };
+    let mut values = context_values(row);
+    if values.needs_temp_check {
+        let answer = catalog.ask(TEMP_RELATIONS_QUERY).await?;
+        values.set_temp(first_value(answer));
+    }
+    Ok(Some(contexts.intern(values.values)))
+}
+
+/// The context values of a row of [`context_query`] (NULLs read as empty), and whether the
+/// last one still needs [`TEMP_RELATIONS_QUERY`]'s answer ([`ContextValues::set_temp`]).
+fn context_values(row: Vec<Option<String>>) -> ContextValues {
+    let mut values: Vec<String> = row.into_iter().map(Option::unwrap_or_default).collect();
+    let needs_temp_check = match values.last_mut() {
+        Some(temp) if temp == "0" || temp.is_empty() => {
+            temp.clear();
+            false
+        }
+        Some(_) => true,
+        None => false,
+    };
+    ContextValues {
+        values,
+        needs_temp_check,
+    }
+}
+
+/// A context row being read: see [`context_values`].
+#[derive(Debug)]
+struct ContextValues {
+    values: Vec<String>,
+    /// The backend has a temporary schema: ask [`TEMP_RELATIONS_QUERY`] before interning.
+    needs_temp_check: bool,
+}
+
+impl ContextValues {
+    /// Records [`TEMP_RELATIONS_QUERY`]'s answer (`None`: no answer, taken as relations being
+    /// there, which only keeps the session's context to itself).
+    fn set_temp(&mut self, answer: Option<String>) {
+        // Without an answer the schema's OID stays: a context of this backend alone.
+        if let (Some(temp), Some(a)) = (self.values.last_mut(), answer) {
+            *temp = a;
+        }
+        self.needs_temp_check = false;
+    }
 }
 
 /// A session context: role and key settings, interned.
@@ -134,5 +197,27 @@ mod tests {
         assert_ne!(a.id, other.id);
         assert_eq!(a.setting("search_path"), Some("public"));
         assert!(context_query().contains("current_setting('TimeZone')"));
+    }
+
+    #[test]
+    fn a_backend_without_a_temporary_schema_needs_no_second_query() {
+        let row = |temp: &str| vec![Some("alice".into()), None, Some(temp.to_owned())];
+        let none = context_values(row("0"));
+        assert!(!none.needs_temp_check);
+        assert_eq!(none.values, ["alice", "", ""]);
+        let mut some = context_values(row("16400"));
+        assert!(some.needs_temp_check);
+        some.set_temp(Some(String::new()));
+        assert_eq!(
+            some.values,
+            ["alice", "", ""],
+            "no relations left: shared context"
+        );
+        let mut unknown = context_values(row("16400"));
+        unknown.set_temp(None);
+        assert_eq!(
+            unknown.values[2], "16400",
+            "no answer: the backend's own context"
+        );
     }
 }

@@ -5,6 +5,21 @@
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
+use super::catalog::first_value;
+use super::planner::Catalog;
+
+/// The server's current WAL insert position, asked after a commit whose writes only the feed
+/// will invalidate: the session bypasses the cache until the feed has applied that far
+/// (read-your-writes). `None` when the server did not answer it.
+pub async fn wal_insert_position<C: Catalog>(catalog: &mut C) -> Result<Option<u64>, C::Error> {
+    let answer = catalog
+        .ask("/* pgmemo wal position */ SELECT pg_catalog.pg_current_wal_insert_lsn()")
+        .await?;
+    Ok(first_value(answer)
+        .and_then(|t| t.parse::<wire::replication::Lsn>().ok())
+        .map(|lsn| lsn.0))
+}
+
 /// Where the feed of a database stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

@@ -18,6 +18,7 @@ pub mod context;
 pub mod feed;
 pub mod flight;
 pub mod generation;
+pub mod memo;
 pub mod plan;
 pub mod planner;
 pub mod stats;
@@ -34,9 +35,6 @@ use store::Store;
 
 use crate::hash::Map;
 
-/// Most memoized plans per database before the memo starts over.
-const MAX_PLANS: usize = 20_000;
-
 /// The cache state of one upstream database.
 pub struct DatabaseCache {
     /// Process-unique id; first bytes of every key of this database.
@@ -52,10 +50,7 @@ pub struct DatabaseCache {
     /// Whether the replication feed lets this database's cache serve (doctrine rule 5).
     pub feed: feed::FeedGate,
     /// Memoized plans by [`plan_memo_key`].
-    plans: Mutex<Map<Vec<u8>, Arc<Plan>>>,
-    /// Bumped whenever the memo is dropped, so plans a session keeps for its prepared
-    /// statements are dropped too.
-    plans_epoch: std::sync::atomic::AtomicU64,
+    plans: memo::PlanMemo,
     /// Sessions relaying this database without the cache (see [`Cache::untracked_session`]).
     untracked: Arc<AtomicUsize>,
 }
@@ -81,40 +76,23 @@ impl DatabaseCache {
 
     /// The memoized plan for a key made by [`plan_memo_key`].
     pub fn plan(&self, key: &[u8]) -> Option<Arc<Plan>> {
-        self.plans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .cloned()
+        self.plans.get(key)
     }
 
-    /// Memoizes a plan made from what was known at `epoch` (a [`Self::plans_epoch`] read
-    /// before the plan's configuration and catalog facts were): nothing when plans were dropped
-    /// since, as the plan may rest on definitions or table lists that no longer hold, and once
-    /// in the memo it would outlive the drop that should have removed it.
+    /// Memoizes a plan made from what was known at `epoch` (a [`Self::plans_epoch`] read before
+    /// the plan's inputs): see [`memo::PlanMemo::remember`].
     pub fn remember(&self, key: Vec<u8>, plan: Arc<Plan>, epoch: u64) {
-        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if self.plans_epoch.load(Ordering::Acquire) != epoch {
-            return;
-        }
-        if plans.len() >= MAX_PLANS {
-            plans.clear();
-        }
-        plans.insert(key, plan);
+        self.plans.remember(key, plan, epoch);
     }
 
     /// The memoized plans of a shape, per session context id (for `EXPLAIN CACHE`).
     pub fn plans_for_shape(&self, hints: &[String], shape: &str) -> Vec<(u64, Arc<Plan>)> {
         let suffix = plan_memo_key(0, hints, shape);
         let suffix = &suffix[8..];
-        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        let mut v: Vec<(u64, Arc<Plan>)> = plans
-            .iter()
-            .filter_map(|(k, p)| {
-                let ctx = k.strip_suffix(suffix)?;
-                Some((u64::from_le_bytes(ctx.try_into().ok()?), Arc::clone(p)))
-            })
-            .collect();
+        let mut v = self.plans.matching(|k| {
+            let ctx = k.strip_suffix(suffix)?;
+            Some(u64::from_le_bytes(ctx.try_into().ok()?))
+        });
         v.sort_by_key(|(ctx, _)| *ctx);
         v
     }
@@ -122,15 +100,12 @@ impl DatabaseCache {
     /// Drops every memoized plan (after DDL: names may now mean other relations, functions
     /// other volatilities).
     pub fn forget_plans(&self) {
-        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        plans.clear();
-        // Under the lock, so that no plan made before this is remembered after it.
-        self.plans_epoch.fetch_add(1, Ordering::AcqRel);
+        self.plans.forget();
     }
 
     /// Changes whenever memoized plans are dropped.
     pub fn plans_epoch(&self) -> u64 {
-        self.plans_epoch.load(Ordering::Acquire)
+        self.plans.epoch()
     }
 }
 
@@ -241,8 +216,7 @@ impl Cache {
             generations: Generations::default(),
             contexts: Contexts::default(),
             feed: feed::FeedGate::default(),
-            plans: Mutex::new(Map::default()),
-            plans_epoch: std::sync::atomic::AtomicU64::new(0),
+            plans: memo::PlanMemo::default(),
             untracked: self.untracked_count(name),
         });
         dbs.insert(name.to_owned(), Arc::clone(&db));

@@ -2,7 +2,7 @@
 //! and per-statement figures for `SHOW QUERIES`. Atomics only on the hit path; the statement
 //! registry is locked on a miss, never on a hit (entries hold their statement's counters).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::plan::Refusal;
@@ -116,7 +116,9 @@ pub struct QueryStats {
     /// Misses that were timed.
     pub timed_misses: AtomicU64,
     pub saved_micros: AtomicU64,
-    last_refusal: Mutex<Option<Refusal>>,
+    /// `Refusal as u8 + 1`, 0 for none: an atomic rather than a lock, as every refused run of
+    /// the statement (every write, among others) records it, from every session at once.
+    last_refusal: AtomicU8,
 }
 
 impl QueryStats {
@@ -129,7 +131,7 @@ impl QueryStats {
             miss_micros: AtomicU64::new(0),
             timed_misses: AtomicU64::new(0),
             saved_micros: AtomicU64::new(0),
-            last_refusal: Mutex::new(None),
+            last_refusal: AtomicU8::new(0),
         }
     }
 
@@ -146,14 +148,20 @@ impl QueryStats {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.misses.fetch_add(1, Ordering::Relaxed);
         if let Some(r) = refusal {
-            *self.last_refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+            self.note_refusal(r);
         }
     }
 
     /// Records why a miss already counted was not stored after all (its response was too
     /// large, or not a clean result): `SHOW QUERIES`' last refusal.
     pub fn note_refusal(&self, refusal: Refusal) {
-        *self.last_refusal.lock().unwrap_or_else(|e| e.into_inner()) = Some(refusal);
+        const _: () = assert!(Refusal::COUNT < u8::MAX as usize);
+        let code = refusal as u8 + 1;
+        // Written only when it changes: a statement refused for the same reason run after run
+        // (a write) leaves the cache line shared instead of pulling it to every core in turn.
+        if self.last_refusal.load(Ordering::Relaxed) != code {
+            self.last_refusal.store(code, Ordering::Relaxed);
+        }
     }
 
     /// Whether the statement is new or its misses take at least `min` upstream on average:
@@ -178,7 +186,8 @@ impl QueryStats {
 
     /// Why the statement was last not cached.
     pub fn last_refusal(&self) -> Option<Refusal> {
-        *self.last_refusal.lock().unwrap_or_else(|e| e.into_inner())
+        let code = self.last_refusal.load(Ordering::Relaxed);
+        Refusal::ALL.get(usize::from(code).checked_sub(1)?).copied()
     }
 }
 
@@ -214,5 +223,32 @@ impl QueryRegistry {
         let mut v: Vec<_> = queries.values().cloned().collect();
         v.extend(self.overflow.get().cloned());
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_refusal_is_kept_for_every_reason() {
+        let q = QueryStats::new("SELECT ?".into());
+        assert_eq!(q.last_refusal(), None);
+        for &r in Refusal::ALL {
+            q.miss(Some(r));
+            assert_eq!(q.last_refusal(), Some(r));
+        }
+        q.miss(None);
+        assert_eq!(
+            q.last_refusal(),
+            Refusal::ALL.last().copied(),
+            "a plain miss keeps it"
+        );
+        q.note_refusal(Refusal::ALL[0]);
+        assert_eq!(q.last_refusal(), Some(Refusal::ALL[0]));
+        assert_eq!(
+            q.calls.load(Ordering::Relaxed),
+            Refusal::ALL.len() as u64 + 1
+        );
     }
 }

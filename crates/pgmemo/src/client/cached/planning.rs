@@ -12,8 +12,9 @@ use crate::cache::plan::Plan;
 use crate::cache::planner::{self, Catalog, Planning};
 use crate::client::relay::PumpError;
 
-/// The session's server connection as the planner's catalog.
-struct SessionCatalog<'r, 'a, SW> {
+/// The session's server connection as a [`Catalog`]: for the planner's lookups, and for the
+/// context and WAL position reads.
+pub(super) struct SessionCatalog<'r, 'a, SW> {
     requests: &'r mut Requests<'a>,
     server: &'r mut SW,
 }
@@ -41,7 +42,44 @@ impl<SW: AsyncWrite + Unpin> Catalog for SessionCatalog<'_, '_, SW> {
     }
 }
 
-impl Requests<'_> {
+impl<'a> Requests<'a> {
+    /// The session's server connection as a [`Catalog`], answered through the server pump.
+    pub(super) fn catalog<'r, SW>(&'r mut self, server: &'r mut SW) -> SessionCatalog<'r, 'a, SW> {
+        SessionCatalog {
+            requests: self,
+            server,
+        }
+    }
+
+    /// The session side of planning: the context id while it is known current, and how the
+    /// session reads string literals.
+    fn planning_context(&self) -> (Option<u64>, bool) {
+        let standard_conforming_strings = self
+            .session
+            .context
+            .as_ref()
+            .is_none_or(|c| c.standard_conforming_strings());
+        (self.trusted_context_id(), standard_conforming_strings)
+    }
+
+    /// The memoized plan of a statement text, if the memo knows its shape (no catalog, no
+    /// parse), and whether the text holds a time literal.
+    pub(super) fn memoized_plan(&self, text: &str) -> Option<(Arc<Plan>, bool)> {
+        let (context_id, standard_conforming_strings) = self.planning_context();
+        let db = &self.session.db;
+        let epoch = db.plans_epoch();
+        let config = self.shared.config();
+        let planning = Planning {
+            db,
+            cache: &self.shared.cache,
+            config: &config,
+            context_id,
+            standard_conforming_strings,
+            epoch,
+        };
+        planner::memoized(&planning, text)
+    }
+
     /// The plan of a statement text (memoized by shape), and whether the text holds a time
     /// literal. Catalog lookups run only when `can_ask`.
     pub(super) async fn plan_for<SW: AsyncWrite + Unpin>(
@@ -50,12 +88,7 @@ impl Requests<'_> {
         can_ask: bool,
         server: &mut SW,
     ) -> Result<(Arc<Plan>, bool), PumpError> {
-        let standard_conforming_strings = self
-            .session
-            .context
-            .as_ref()
-            .is_none_or(|c| c.standard_conforming_strings());
-        let context_id = self.trusted_context_id();
+        let (context_id, standard_conforming_strings) = self.planning_context();
         let db = Arc::clone(&self.session.db);
         let shared = self.shared;
         // Before the configuration: a reload that changes it drops the memo after storing it.
@@ -72,10 +105,7 @@ impl Requests<'_> {
         if let Some(found) = planner::memoized(&planning, text) {
             return Ok(found);
         }
-        let mut catalog = SessionCatalog {
-            requests: self,
-            server,
-        };
+        let mut catalog = self.catalog(server);
         // Boxed: the catalog queries' state would otherwise make every request's future
         // larger, and moving it costs on every request.
         Box::pin(planner::plan(

@@ -19,9 +19,9 @@ use super::messages::{
     session_switch, split_frames, Batch, BindMessage,
 };
 use super::{Action, CacheSession, Capture, ClientWriter, Directive, Link};
-use crate::cache::catalog;
 use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
+use crate::cache::{catalog, context, feed};
 use crate::client::relay::{refill_position, PumpError, RelayState};
 use crate::config::Config;
 use crate::hash::Map;
@@ -340,18 +340,8 @@ impl Requests<'_> {
         {
             return Ok(());
         }
-        let rows = self
-            .ask(
-                server,
-                "/* pgmemo wal position */ SELECT pg_catalog.pg_current_wal_insert_lsn()",
-            )
-            .await?;
-        let lsn = rows
-            .and_then(|r| r.into_iter().next())
-            .and_then(|r| r.into_iter().next().flatten())
-            .and_then(|t| t.parse::<wire::replication::Lsn>().ok());
-        if let Some(lsn) = lsn {
-            self.session.bypass_until_lsn = self.session.bypass_until_lsn.max(lsn.0);
+        if let Some(lsn) = feed::wal_insert_position(&mut self.catalog(server)).await? {
+            self.session.bypass_until_lsn = self.session.bypass_until_lsn.max(lsn);
             self.link.await_feed.store(false, Ordering::Relaxed);
         }
         Ok(())
@@ -388,16 +378,8 @@ impl Requests<'_> {
             .stats
             .context_reads
             .fetch_add(1, Ordering::Relaxed);
-        let rows = self
-            .ask(server, crate::cache::context::context_query())
-            .await?;
-        self.session.context = match rows.and_then(|r| r.into_iter().next()) {
-            Some(row) => {
-                let values = row.into_iter().map(Option::unwrap_or_default).collect();
-                Some(self.session.db.contexts.intern(values))
-            }
-            None => None,
-        };
+        let db = Arc::clone(&self.session.db);
+        self.session.context = context::read(&mut self.catalog(server), &db.contexts).await?;
         if self.session.context.is_none() {
             self.link.context_stale.store(true, Ordering::Relaxed);
         }
@@ -552,7 +534,7 @@ impl Requests<'_> {
 
     /// A capture directive for a cacheable miss whose key is in `session.key` already (built
     /// for the lookup that missed).
-    fn capture_built(&mut self, plan: &Plan, config: &Config) -> Option<Box<Capture>> {
+    fn capture_built(&self, plan: &Plan, config: &Config) -> Option<Box<Capture>> {
         let read = plan.read.as_ref().ok()?;
         let cache = &self.shared.cache;
         if !cache.admits(&self.session.key, &plan.query, config) {
@@ -618,6 +600,14 @@ impl Requests<'_> {
 
     /// Tracks one extended-protocol message forwarded as it is.
     fn extended_passthrough(&mut self, frame: &[u8], pump: &mut Pump) {
+        self.track_message(frame, pump, true);
+    }
+
+    /// Tracks one extended-protocol message: statements parsed, portals bound, statements
+    /// closed, and (`execute_effects`) what an Execute will write. A routed batch plans its
+    /// Executes itself and passes `false`: working the effects out here as well would parse
+    /// each statement's text at its first execution on the connection, for nothing.
+    fn track_message(&mut self, frame: &[u8], pump: &mut Pump, execute_effects: bool) {
         let body = &frame[5..];
         match frame[0] {
             b'P' => {
@@ -650,7 +640,7 @@ impl Requests<'_> {
                     }
                 }
             }
-            b'E' => {
+            b'E' if execute_effects => {
                 let portal = cstr(body).map(|(p, _)| p).unwrap_or_default();
                 let effects = self
                     .portal_plan(portal, pump)
@@ -670,8 +660,6 @@ impl Requests<'_> {
         }
     }
 
-    /// Effects of executing a portal whose statement has no plan yet: from the memo when the
-    /// shape is known, else assumed to write anything.
     /// The current, complete plan of the statement bound to `portal`, if pgmemo has one.
     fn portal_plan(&self, portal: &[u8], pump: &Pump) -> Option<&Arc<Plan>> {
         let epoch = self.session.db.plans_epoch();
@@ -697,6 +685,10 @@ impl Requests<'_> {
         self.shared.cache.stats.refused_query(reason, &plan.query);
     }
 
+    /// Effects of executing a portal whose statement has no plan yet (a statement's first
+    /// execution on this connection): the memoized plan's when the memo knows the shape, none
+    /// when parsing its text shows plain SELECTs without function calls, else assumed to write
+    /// anything.
     fn effects_without_catalog(&self, portal: &[u8], pump: &Pump) -> Effects {
         let text = pump
             .portals
@@ -704,6 +696,9 @@ impl Requests<'_> {
             .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
             .map(|s| s.text.clone());
         if let Some(text) = text {
+            if let Some((plan, _)) = self.memoized_plan(&text) {
+                return plan.effects.clone();
+            }
             if let Ok(a) = sql::analyze(&text) {
                 let only_reads = a.statements.iter().all(|s| {
                     matches!(s.kind, sql::StatementKind::Select)
@@ -854,7 +849,7 @@ impl Requests<'_> {
         let mut capture = None;
         for r in frames {
             let frame = &bytes[r.clone()];
-            self.extended_passthrough(frame, pump);
+            self.track_message(frame, pump, false);
             if frame[0] != b'E' {
                 continue;
             }
@@ -989,10 +984,10 @@ impl Requests<'_> {
         }
         let ctx_id = self.trusted_context_id()?;
         let epoch = self.session.db.plans_epoch();
+        // Borrowed, not cloned: the plan is shared by every session running the statement,
+        // and its reference count would be written by all of them on every miss.
         let (plan, time_literal) = match &self.session.statements.get(bind.statement)?.plan {
-            Some((id, e, p, t)) if *id == ctx_id && *e == epoch && p.complete => {
-                (Arc::clone(p), *t)
-            }
+            Some((id, e, p, t)) if *id == ctx_id && *e == epoch && p.complete => (&**p, *t),
             _ => return None,
         };
         if !plan.effects.is_empty() || !plan.statements.is_empty() {
@@ -1008,7 +1003,7 @@ impl Requests<'_> {
         }
         pump.batch_effects = Effects::default();
         pump.syncs_since_request = 1;
-        let refused = refusal(&plan, Ok(()), time_literal).and_then(|()| {
+        let refused = refusal(plan, Ok(()), time_literal).and_then(|()| {
             if bind_has_time_word(bind) {
                 Err(Refusal::TimeLiteral)
             } else {
@@ -1016,7 +1011,7 @@ impl Requests<'_> {
             }
         });
         let capture = match refused {
-            Ok(()) => self.capture_built(&plan, config),
+            Ok(()) => self.capture_built(plan, config),
             Err(r) => {
                 self.shared.cache.stats.refused_query(r, &plan.query);
                 None

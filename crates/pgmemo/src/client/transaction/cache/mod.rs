@@ -26,7 +26,8 @@ use wire::backend::TransactionStatus;
 use super::link::ClientState;
 use crate::cache::capture::{Capture, Filling};
 use crate::cache::catalog::Row;
-use crate::cache::context::Context;
+use crate::cache::context::{self, Context};
+use crate::cache::feed;
 use crate::cache::flight::{self, Flight};
 use crate::cache::plan::{Effects, Plan, Refusal};
 use crate::cache::planner::{self, Catalog, Planning};
@@ -430,30 +431,15 @@ impl TxnCache {
                 .stats
                 .context_reads
                 .fetch_add(1, Ordering::Relaxed);
-            let row = server
-                .query_text_rows(crate::cache::context::context_query())
-                .await?
-                .into_iter()
-                .next();
-            if let Some(row) = row {
-                let values = row.into_iter().map(Option::unwrap_or_default).collect();
-                let context = self.db.contexts.intern(values);
+            if let Some(context) =
+                context::read(&mut ServerCatalog(server), &self.db.contexts).await?
+            {
                 self.context = Some((state.settings.version(), context));
             }
         }
         if self.await_feed {
-            let rows = server
-                .query_text_rows(
-                    "/* pgmemo wal position */ SELECT pg_catalog.pg_current_wal_insert_lsn()",
-                )
-                .await?;
-            let lsn = rows
-                .into_iter()
-                .next()
-                .and_then(|r| r.into_iter().next().flatten())
-                .and_then(|t| t.parse::<wire::replication::Lsn>().ok());
-            if let Some(lsn) = lsn {
-                self.bypass_until_lsn = self.bypass_until_lsn.max(lsn.0);
+            if let Some(lsn) = feed::wal_insert_position(&mut ServerCatalog(server)).await? {
+                self.bypass_until_lsn = self.bypass_until_lsn.max(lsn);
                 self.await_feed = false;
             }
         }
