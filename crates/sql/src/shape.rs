@@ -24,83 +24,156 @@ pub struct Shape {
 
 /// Computes the shape of `sql`. `standard_conforming_strings` tells how backslashes in plain
 /// string literals are read, as the session would.
-///
-/// Every miss of a simple query computes a shape, so text between literals and comments is
-/// copied in runs rather than token by token, and nothing is allocated beyond the result.
 pub fn shape(sql: &str, standard_conforming_strings: bool) -> Shape {
+    let mut out = Vec::with_capacity(sql.len());
+    let ShapeFacts {
+        time_literal,
+        hints,
+    } = shape_into(sql, standard_conforming_strings, &mut out);
+    Shape {
+        // Only whole runs of `sql` (cut at ASCII bytes) and ASCII were written.
+        text: String::from_utf8(out).expect("a shape is cut from UTF-8 text at ASCII bytes"),
+        time_literal,
+        hints,
+    }
+}
+
+/// What [`shape_into`] found besides the shape's text: see [`Shape`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShapeFacts {
+    pub time_literal: bool,
+    pub hints: Vec<String>,
+}
+
+/// Appends the shape of `sql` to `out` (see [`shape`]; the bytes appended are its `text`).
+///
+/// Every miss of a simple query computes a shape to look its plan up, so this writes into a
+/// buffer the caller keeps (nothing allocated unless a comment holds a hint), copies the text
+/// between literals and comments in runs rather than token by token, and looks closely only at
+/// the few bytes that can begin a literal or a comment: everything between them is kept.
+pub fn shape_into(sql: &str, standard_conforming_strings: bool, out: &mut Vec<u8>) -> ShapeFacts {
     let b = sql.as_bytes();
-    let mut out = String::with_capacity(sql.len());
-    let mut time_literal = false;
-    let mut hints = Vec::new();
+    let base = out.len();
+    out.reserve(b.len());
+    let mut facts = ShapeFacts::default();
     let mut i = 0;
     // `sql[copied..i]` is kept verbatim and not written to `out` yet. Both always sit on an
     // ASCII byte or at the end: runs end before a special ASCII byte or after a token.
     let mut copied = 0;
-    let mut last_word_end = usize::MAX;
-    while i < b.len() {
-        let c = b[i];
+    loop {
+        i = next_special(b, i);
+        let Some(&c) = b.get(i) else { break };
+        // Whether the byte ends a word: a digit there is part of it, a quote may follow an
+        // `E` prefix, a `$` does not open a dollar quote.
+        let after_word = i > 0 && is_word_byte(b[i - 1]);
         match c {
             b'-' if b.get(i + 1) == Some(&b'-') => {
-                out.push_str(&sql[copied..i]);
+                out.extend_from_slice(&b[copied..i]);
                 let end = find_byte(b, i, b'\n').unwrap_or(b.len());
-                note_hint(&sql[i..end], &mut hints);
-                out.push(' ');
+                note_hint(&sql[i..end], &mut facts.hints);
+                out.push(b' ');
                 i = end;
                 copied = end;
             }
             b'/' if b.get(i + 1) == Some(&b'*') => {
-                out.push_str(&sql[copied..i]);
+                out.extend_from_slice(&b[copied..i]);
                 let end = block_comment_end(b, i);
-                note_hint(&sql[i..end], &mut hints);
-                out.push(' ');
+                note_hint(&sql[i..end], &mut facts.hints);
+                out.push(b' ');
                 i = end;
                 copied = end;
             }
             b'\'' => {
-                out.push_str(&sql[copied..i]);
+                out.extend_from_slice(&b[copied..i]);
                 let escape = !standard_conforming_strings
-                    || (last_word_end == i && ends_with_escape_prefix(&out));
+                    || (after_word && ends_with_escape_prefix(&out[base..]));
                 let (end, body_end) = string_end(b, i + 1, escape);
-                time_literal |= is_time_word(&b[i + 1..body_end]);
-                out.push('?');
+                facts.time_literal |= is_time_word(&b[i + 1..body_end]);
+                out.push(b'?');
                 i = end;
                 copied = end;
             }
             b'"' => i = quoted_identifier_end(b, i + 1),
             b'$' if dollar_tag(b, i).is_some() => {
-                out.push_str(&sql[copied..i]);
+                out.extend_from_slice(&b[copied..i]);
                 let tag_len = dollar_tag(b, i).unwrap_or(1);
                 let tag = &b[i..i + tag_len];
                 let body_start = i + tag_len;
                 let end = find_slice(b, body_start, tag).map_or(b.len(), |p| p + tag_len);
                 let body_end = end.saturating_sub(tag_len).max(body_start);
-                time_literal |= is_time_word(&b[body_start..body_end]);
-                out.push('?');
+                facts.time_literal |= is_time_word(&b[body_start..body_end]);
+                out.push(b'?');
                 i = end;
                 copied = end;
             }
-            b'0'..=b'9' | b'.' if last_word_end != i && starts_number(b, i) => {
-                out.push_str(&sql[copied..i]);
+            b'0'..=b'9' | b'.' if !after_word && starts_number(b, i) => {
+                out.extend_from_slice(&b[copied..i]);
                 i = number_end(b, i);
-                out.push('?');
+                out.push(b'?');
                 copied = i;
             }
+            // A digit or `$` inside a word (`t1`, `a$b`, `$1`): the rest of the word is kept.
             _ if is_word_byte(c) => {
+                i += 1;
                 while i < b.len() && is_word_byte(b[i]) {
                     i += 1;
                 }
-                last_word_end = i;
             }
-            // Every other byte is ASCII (bytes >= 0x80 belong to words) and kept.
             _ => i += 1,
         }
     }
-    out.push_str(&sql[copied..]);
-    Shape {
-        text: out,
-        time_literal,
-        hints,
+    out.extend_from_slice(&b[copied..]);
+    facts
+}
+
+/// Bytes that may begin a comment, a literal or a quoted identifier (a table: the lexer asks
+/// for every byte of every query; all others are kept as they are).
+static SPECIAL_BYTES: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let c = i as u8;
+        t[i] = c.is_ascii_digit() || matches!(c, b'-' | b'/' | b'\'' | b'"' | b'$' | b'.');
+        i += 1;
     }
+    t
+};
+
+fn is_special(c: u8) -> bool {
+    SPECIAL_BYTES[c as usize]
+}
+
+/// The first special byte at or after `i` (or the end). Eight bytes at a time: every special
+/// byte lies in `"`..=`9` (0x22..=0x39), so a chunk without any byte in that range (most
+/// chunks of words, blanks, `=` and `;`) is passed with a few arithmetic operations.
+#[inline(always)]
+fn next_special(b: &[u8], mut i: usize) -> usize {
+    while let Some(chunk) = b.get(i..i + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        if has_byte_between(word, b'"' - 1, b'9' + 1) {
+            if let Some(k) = chunk.iter().position(|&c| is_special(c)) {
+                return i + k;
+            }
+        }
+        i += 8;
+    }
+    while i < b.len() && !is_special(b[i]) {
+        i += 1;
+    }
+    i
+}
+
+/// Whether a byte of `word` is greater than `above` and less than `below` (both at most 127;
+/// bytes of 128 and more never are): "Determine if a word has a byte between m and n" of
+/// Sean Anderson's Bit Twiddling Hacks.
+#[inline(always)]
+fn has_byte_between(word: u64, above: u8, below: u8) -> bool {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGHS: u64 = ONES * 0x80;
+    let low7 = word & (ONES * 127);
+    let below = ONES * (127 + u64::from(below));
+    let above = ONES * (127 - u64::from(above));
+    (below.wrapping_sub(low7) & !word & low7.wrapping_add(above) & HIGHS) != 0
 }
 
 /// Bytes that continue a word (a table: the lexer asks for every byte of every query).
@@ -120,12 +193,12 @@ fn is_word_byte(c: u8) -> bool {
 }
 
 /// `E'...'` (or `e'...'`) starts an escape string; the prefix is the word just written.
-fn ends_with_escape_prefix(out: &str) -> bool {
-    let word: &str = out
-        .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+fn ends_with_escape_prefix(out: &[u8]) -> bool {
+    let word = out
+        .rsplit(|&c| !(c.is_ascii_alphanumeric() || c == b'_' || c == b'$'))
         .next()
-        .unwrap_or("");
-    word.eq_ignore_ascii_case("e")
+        .unwrap_or(b"");
+    word.eq_ignore_ascii_case(b"e")
 }
 
 fn note_hint(comment: &str, hints: &mut Vec<String>) {
@@ -298,5 +371,60 @@ mod tests {
         // With standard_conforming_strings off, \' does not end the literal.
         assert_eq!(shape(r"select 'a\'b', 1", false).text, "select ?, ?");
         assert_eq!(shape(r"select 'a\', 1", true).text, "select ?, ?");
+    }
+
+    #[test]
+    fn words_of_every_length_end_where_they_end() {
+        for len in 1..=25 {
+            let word = "w".repeat(len);
+            for (after, shaped) in [("", ""), (" = 1", " = ?"), ("'x'", "?"), ("(7)", "(?)")] {
+                let sql = format!("SELECT {word}{after}");
+                assert_eq!(s(&sql), format!("SELECT {word}{shaped}"), "{sql:?}");
+            }
+        }
+        // A digit inside a word is part of it; after a word's end it starts a number.
+        assert_eq!(
+            s("SELECT abcdefgh12345678 + 12345678"),
+            "SELECT abcdefgh12345678 + ?"
+        );
+    }
+
+    #[test]
+    fn shape_into_appends_and_reads_only_its_own_text() {
+        let mut out = b"xyz e".to_vec();
+        let facts = shape_into("SELECT '\\' FROM t /* pgmemo:nocache */", true, &mut out);
+        // Standard strings: the backslash is a character and the quote after it ends the
+        // literal; the bytes already in `out` (ending in a word `e`) do not make it an E string.
+        assert_eq!(out, b"xyz eSELECT ? FROM t  ".to_vec());
+        assert_eq!(facts.hints, vec!["/* pgmemo:nocache */".to_owned()]);
+        // A word at the very start is read alone, not with the word bytes before it in `out`.
+        let mut out = b"prefix".to_vec();
+        shape_into("E'\\'' || x", true, &mut out);
+        assert_eq!(out, b"prefixE? || x".to_vec());
+    }
+
+    #[test]
+    fn the_chunk_test_finds_every_byte_in_its_range_and_no_other() {
+        for lane in 0..8 {
+            for c in 0..=255u8 {
+                let mut chunk = [b'a'; 8];
+                chunk[lane] = c;
+                let word = u64::from_le_bytes(chunk);
+                assert_eq!(
+                    has_byte_between(word, b'"' - 1, b'9' + 1),
+                    (b'"'..=b'9').contains(&c),
+                    "byte {c:#x} in lane {lane}"
+                );
+            }
+        }
+        for c in 0..=255u8 {
+            assert!(!is_special(c) || (b'"'..=b'9').contains(&c), "{c:#x}");
+        }
+        let text = b"SELECT abalance FROM pgbench_accounts WHERE aid = 42;";
+        let at = text.iter().position(|&c| c == b'4').unwrap();
+        for from in 0..=at {
+            assert_eq!(next_special(text, from), at);
+        }
+        assert_eq!(next_special(b"a, b, c (d) * e + f # g % h & i", 0), 31);
     }
 }
