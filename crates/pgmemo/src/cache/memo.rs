@@ -2,7 +2,8 @@
 //! shape), so a statement shape is parsed and resolved once per context. Every miss of a
 //! simple query looks its shape up here, from every worker thread at once, so the memo is
 //! split in shards, each under its own lock, chosen by the key's hash: misses of different
-//! shapes do not wait for one another.
+//! shapes do not wait for one another. The key is hashed once per lookup: the hash picks the
+//! shard and finds the key in the shard's table.
 //!
 //! Dropping the memo (after DDL or a reload) bumps an epoch under every shard's lock; a plan
 //! made from what was known before the drop is not remembered after it (see
@@ -12,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::plan::Plan;
-use crate::hash::Map;
 
 /// Shards of the memo: more than the worker threads of most machines pgmemo runs on.
 const SHARDS: usize = 16;
@@ -20,13 +20,20 @@ const SHARDS: usize = 16;
 /// Most memoized plans per shard before that shard starts over.
 const MAX_PLANS_PER_SHARD: usize = 20_000 / SHARDS;
 
-type Shard = Map<Vec<u8>, Arc<Plan>>;
+/// A memoized plan, its key and the key's hash.
+struct Entry {
+    hash: u64,
+    key: Box<[u8]>,
+    plan: Arc<Plan>,
+}
+
+type Shard = hashbrown::HashTable<Entry>;
 
 /// See the module documentation.
 pub struct PlanMemo {
     shards: [Mutex<Shard>; SHARDS],
-    /// Picks a key's shard (the shard's map hashes the key again with its own keys).
-    shard_of: ahash::RandomState,
+    /// Hashes keys (randomly keyed: statement texts come from clients).
+    hasher: ahash::RandomState,
     /// Bumped whenever the memo is dropped, so plans a session keeps for its prepared
     /// statements are dropped too.
     epoch: AtomicU64,
@@ -36,7 +43,7 @@ impl Default for PlanMemo {
     fn default() -> Self {
         PlanMemo {
             shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
-            shard_of: ahash::RandomState::new(),
+            hasher: ahash::RandomState::new(),
             epoch: AtomicU64::new(0),
         }
     }
@@ -47,13 +54,19 @@ fn locked(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl PlanMemo {
-    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        &self.shards[self.shard_of.hash_one(key) as usize % SHARDS]
+    /// A key's hash and its shard: picked by bits the table does not use for a key's bucket
+    /// (the low ones) or its control byte (the top seven).
+    fn locate(&self, key: &[u8]) -> (u64, &Mutex<Shard>) {
+        let hash = self.hasher.hash_one(key);
+        (hash, &self.shards[(hash >> 32) as usize % SHARDS])
     }
 
     /// The memoized plan for `key`.
     pub fn get(&self, key: &[u8]) -> Option<Arc<Plan>> {
-        locked(self.shard(key)).get(key).cloned()
+        let (hash, shard) = self.locate(key);
+        locked(shard)
+            .find(hash, |e| e.hash == hash && *e.key == *key)
+            .map(|e| Arc::clone(&e.plan))
     }
 
     /// Memoizes a plan made from what was known at `epoch` (an [`Self::epoch`] read before the
@@ -61,7 +74,8 @@ impl PlanMemo {
     /// as the plan may rest on definitions or table lists that no longer hold, and once in the
     /// memo it would outlive the drop that should have removed it.
     pub fn remember(&self, key: Vec<u8>, plan: Arc<Plan>, epoch: u64) {
-        let mut shard = locked(self.shard(&key));
+        let (hash, shard) = self.locate(&key);
+        let mut shard = locked(shard);
         // Read under the shard's lock: `forget` bumps it holding every shard's.
         if self.epoch.load(Ordering::Acquire) != epoch {
             return;
@@ -69,7 +83,17 @@ impl PlanMemo {
         if shard.len() >= MAX_PLANS_PER_SHARD {
             shard.clear();
         }
-        shard.insert(key, plan);
+        let entry = Entry {
+            hash,
+            key: key.into_boxed_slice(),
+            plan,
+        };
+        match shard.entry(hash, |e| e.hash == hash && e.key == entry.key, |e| e.hash) {
+            hashbrown::hash_table::Entry::Occupied(mut found) => *found.get_mut() = entry,
+            hashbrown::hash_table::Entry::Vacant(slot) => {
+                slot.insert(entry);
+            }
+        }
     }
 
     /// Drops every plan and bumps the epoch.
@@ -92,9 +116,9 @@ impl PlanMemo {
     pub fn matching<T>(&self, mut filter: impl FnMut(&[u8]) -> Option<T>) -> Vec<(T, Arc<Plan>)> {
         let mut found = Vec::new();
         for shard in &self.shards {
-            for (k, p) in locked(shard).iter() {
-                if let Some(t) = filter(k) {
-                    found.push((t, Arc::clone(p)));
+            for e in locked(shard).iter() {
+                if let Some(t) = filter(&e.key) {
+                    found.push((t, Arc::clone(&e.plan)));
                 }
             }
         }

@@ -87,11 +87,11 @@ impl DatabaseCache {
 
     /// The memoized plans of a shape, per session context id (for `EXPLAIN CACHE`).
     pub fn plans_for_shape(&self, hints: &[String], shape: &str) -> Vec<(u64, Arc<Plan>)> {
-        let suffix = plan_memo_key(0, hints, shape);
-        let suffix = &suffix[8..];
+        let rest = plan_memo_key(0, hints, shape);
+        let rest = &rest[8..];
         let mut v = self.plans.matching(|k| {
-            let ctx = k.strip_suffix(suffix)?;
-            Some(u64::from_le_bytes(ctx.try_into().ok()?))
+            let (ctx, k_rest) = k.split_first_chunk::<8>()?;
+            (k_rest == rest).then(|| u64::from_le_bytes(*ctx))
         });
         v.sort_by_key(|(ctx, _)| *ctx);
         v
@@ -115,18 +115,38 @@ fn database_name(host: &str, port: u16, dbname: &str) -> String {
 }
 
 /// The memo key of a statement shape planned in session context `context_id`: the context,
-/// the hint comments (the shape drops comments, hints change the plan) and the shape. Built
-/// without formatting: every miss of a simple query looks its plan up.
+/// the shape, and the hint comments (the shape drops comments, hints change the plan) after a
+/// NUL, which no query text holds.
 pub fn plan_memo_key(context_id: u64, hints: &[String], shape: &str) -> Vec<u8> {
     let hints_len: usize = hints.iter().map(String::len).sum();
     let mut key = Vec::with_capacity(9 + hints_len + shape.len());
     key.extend_from_slice(&context_id.to_le_bytes());
+    key.extend_from_slice(shape.as_bytes());
+    push_hints(&mut key, hints);
+    key
+}
+
+/// [`plan_memo_key`] of the text `sql`, shaped straight into `key` (cleared first; a buffer
+/// the caller keeps, so that the lookup every simple-query miss makes allocates nothing), and
+/// what the shape found.
+pub fn plan_memo_key_into(
+    context_id: u64,
+    sql: &str,
+    standard_conforming_strings: bool,
+    key: &mut Vec<u8>,
+) -> sql::ShapeFacts {
+    key.clear();
+    key.extend_from_slice(&context_id.to_le_bytes());
+    let facts = sql::shape_into(sql, standard_conforming_strings, key);
+    push_hints(key, &facts.hints);
+    facts
+}
+
+fn push_hints(key: &mut Vec<u8>, hints: &[String]) {
+    key.push(0);
     for h in hints {
         key.extend_from_slice(h.as_bytes());
     }
-    key.push(0);
-    key.extend_from_slice(shape.as_bytes());
-    key
 }
 
 /// The process-wide cache.

@@ -84,13 +84,11 @@ pub async fn plan<C: Catalog>(
     text: &str,
     catalog: Option<&mut C>,
 ) -> Result<(Arc<Plan>, bool), C::Error> {
+    if let Some(found) = memoized(p, text) {
+        return Ok(found);
+    }
     let shape = sql::shape(text, p.standard_conforming_strings);
     let memo_key = super::plan_memo_key(p.context_id.unwrap_or(0), &shape.hints, &shape.text);
-    if p.context_id.is_some() {
-        if let Some(plan) = p.db.plan(&memo_key) {
-            return Ok((plan, shape.time_literal));
-        }
-    }
     let query = p.cache.queries.get(shape.text.trim());
     let options = sql::ParseOptions {
         standard_conforming_strings: p.standard_conforming_strings,
@@ -138,10 +136,19 @@ pub async fn plan<C: Catalog>(
 /// The plan of a statement text from the memo, and whether the text holds a time literal;
 /// `None` when the memo does not know its shape (or plans are not memoized: no context).
 pub fn memoized(p: &Planning<'_>, text: &str) -> Option<(Arc<Plan>, bool)> {
-    p.context_id?;
-    let shape = sql::shape(text, p.standard_conforming_strings);
-    let memo_key = super::plan_memo_key(p.context_id.unwrap_or(0), &shape.hints, &shape.text);
-    Some((p.db.plan(&memo_key)?, shape.time_literal))
+    memoized_with(p, text, &mut Vec::new())
+}
+
+/// [`memoized`], building the memo key in `scratch`: a buffer the caller keeps from one
+/// request to the next, so that a miss whose shape is known allocates nothing here.
+pub fn memoized_with(
+    p: &Planning<'_>,
+    text: &str,
+    scratch: &mut Vec<u8>,
+) -> Option<(Arc<Plan>, bool)> {
+    let context_id = p.context_id?;
+    let facts = super::plan_memo_key_into(context_id, text, p.standard_conforming_strings, scratch);
+    Some((p.db.plan(scratch)?, facts.time_literal))
 }
 
 /// The plan of a statement from the memo, or made without the catalog.
@@ -281,5 +288,26 @@ mod tests {
         let fresh = planning(&db, &cache, &config);
         plan_without_catalog(&fresh, "SELECT 1");
         assert!(memoized(&fresh, "SELECT 1").is_some());
+    }
+
+    /// The memo is filled under `plan_memo_key` and read under `plan_memo_key_into`: one shape
+    /// must give one key, whatever its literals, and hints must keep keys apart.
+    #[test]
+    fn a_plan_is_found_by_any_text_of_its_shape_and_hints_tell_shapes_apart() {
+        let (cache, config) = (Cache::new(1 << 20), Config::default());
+        let db = cache.database("127.0.0.1", 5432, "test");
+        let p = planning(&db, &cache, &config);
+        plan_without_catalog(&p, "SELECT 1 /* pgmemo:ttl=5s */ + 'a'");
+        let mut scratch = b"left over".to_vec();
+        assert!(memoized_with(&p, "SELECT 2 /* pgmemo:ttl=5s */ + 'b'", &mut scratch).is_some());
+        assert!(memoized_with(&p, "SELECT 2 + 'b'", &mut scratch).is_none());
+        assert!(memoized_with(&p, "SELECT 2 /* pgmemo:nocache */ + 'b'", &mut scratch).is_none());
+        assert_eq!(db.plans_for_shape(&[], "SELECT ?  + ?").len(), 0);
+        let shape = sql::shape("SELECT 1 /* pgmemo:ttl=5s */ + 'a'", true);
+        assert_eq!(
+            db.plans_for_shape(&shape.hints, &shape.text).len(),
+            1,
+            "{shape:?}"
+        );
     }
 }

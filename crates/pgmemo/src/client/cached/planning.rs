@@ -102,7 +102,7 @@ impl<'a> Requests<'a> {
             standard_conforming_strings,
             epoch,
         };
-        if let Some(found) = planner::memoized(&planning, text) {
+        if let Some(found) = planner::memoized_with(&planning, text, &mut self.session.memo_key) {
             return Ok(found);
         }
         let mut catalog = self.catalog(server);

@@ -47,6 +47,8 @@ pub struct CacheSession {
     pub bypass_until_lsn: u64,
     /// Reused for keys.
     pub key: Vec<u8>,
+    /// Reused for the plan memo's keys (a simple query's miss looks its shape up).
+    pub memo_key: Vec<u8>,
     /// Reused for hit responses.
     pub out: Vec<u8>,
 }
@@ -64,6 +66,7 @@ impl CacheSession {
             unnamed_behind: None,
             bypass_until_lsn: 0,
             key: Vec::with_capacity(256),
+            memo_key: Vec::new(),
             out: Vec::with_capacity(1024),
         }
     }
