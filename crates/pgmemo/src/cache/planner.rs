@@ -136,7 +136,7 @@ pub async fn plan<C: Catalog>(
 /// The plan of a statement text from the memo, and whether the text holds a time literal;
 /// `None` when the memo does not know its shape (or plans are not memoized: no context).
 pub fn memoized(p: &Planning<'_>, text: &str) -> Option<(Arc<Plan>, bool)> {
-    memoized_with(p, text, &mut Vec::new())
+    memoized_with(p, text, &mut Vec::with_capacity(16 + text.len()))
 }
 
 /// [`memoized`], building the memo key in `scratch`: a buffer the caller keeps from one

@@ -69,6 +69,8 @@ pub struct TxnCache {
     /// A commit left writes to the feed: the WAL position to wait for is still to be read.
     await_feed: bool,
     key: Vec<u8>,
+    /// Reused for the plan memo's keys.
+    memo_key: Vec<u8>,
     /// The key of the request being looked at, after its context prefix.
     tail: Vec<u8>,
     out: Vec<u8>,
@@ -148,6 +150,7 @@ impl TxnCache {
             bypass_until_lsn: 0,
             await_feed: false,
             key: Vec::with_capacity(256),
+            memo_key: Vec::new(),
             tail: Vec::with_capacity(256),
             out: Vec::with_capacity(1024),
             txn: Effects::default(),
@@ -274,8 +277,13 @@ impl TxnCache {
             None => {
                 let text: Arc<str> = Self::text(request, buf, state)?.into();
                 let epoch = self.plans_epoch();
+                // The memo's key is built in the client's own buffer (lent out while
+                // `planning` borrows the rest): no allocation when the memo knows the shape.
+                let mut memo_key = std::mem::take(&mut self.memo_key);
                 let planning = self.planning(Some(&context), epoch);
-                let (plan, time_literal) = planner::plan_without_catalog(&planning, &text);
+                let (plan, time_literal) = planner::memoized_with(&planning, &text, &mut memo_key)
+                    .unwrap_or_else(|| planner::plan_without_catalog(&planning, &text));
+                self.memo_key = memo_key;
                 if !plan.complete {
                     return None;
                 }
