@@ -169,3 +169,102 @@ async fn reload_applies_the_configuration_source() {
         .expect("pool_size setting");
     assert_eq!(value(size, "value"), "7");
 }
+
+/// The row of `SHOW SERVERS` for the server process `pid`, if listed.
+async fn server_row(console: &Client, pid: i32) -> Option<Vec<(String, Option<String>)>> {
+    rows(console, "SHOW SERVERS")
+        .await
+        .into_iter()
+        .find(|r| value(r, "pid") == pid.to_string())
+}
+
+async fn backend_pid(client: &Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pg_backend_pid")
+        .get(0)
+}
+
+/// Session pooling: the connection a client holds is listed as active with the server's own
+/// process id, and as idle once the client left and the reset query ran.
+#[tokio::test]
+async fn show_servers_follows_a_session_connection_from_active_to_idle() {
+    let pg = cluster().await;
+    let memo = spawn_pgmemo(pgmemo_config_for(pg.port())).await.unwrap();
+    let console = admin(&memo, "postgres").await.unwrap();
+    let app = memo.client("postgres", "postgres").await;
+    let pid = backend_pid(&app).await;
+
+    let row = server_row(&console, pid)
+        .await
+        .expect("the app's server is listed");
+    assert_eq!(value(&row, "state"), "active");
+    assert_eq!(value(&row, "database"), "postgres");
+    assert_eq!(value(&row, "user"), "postgres");
+    assert_eq!(value(&row, "server"), format!("127.0.0.1:{}", pg.port()));
+    assert_eq!(value(&row, "tls"), "false");
+
+    drop(app);
+    testkit::assert_eventually(
+        std::time::Duration::from_secs(10),
+        "the connection is idle in its pool once the client left",
+        || async {
+            server_row(&console, pid)
+                .await
+                .is_some_and(|r| value(&r, "state") == "idle")
+        },
+    )
+    .await;
+    assert!(rows(&console, "SHOW HELP")
+        .await
+        .iter()
+        .any(|r| value(r, "command") == "SHOW SERVERS"));
+}
+
+/// Transaction pooling: between transactions the connection is idle in the pool, and it
+/// carries the statements pgmemo prepared on it for the client, with their hits and misses;
+/// a connection pgmemo closes leaves the list.
+#[tokio::test]
+async fn show_servers_counts_prepared_statements_in_transaction_pooling() {
+    let pg = cluster().await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.pool_mode = pgmemo::config::PoolMode::Transaction;
+    config.pool_size = 1;
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let console = admin(&memo, "postgres").await.unwrap();
+    let app = memo.client("postgres", "postgres").await;
+    let pid = backend_pid(&app).await;
+    let stmt = app.prepare("SELECT $1::int + 1").await.unwrap();
+    for i in 0..3 {
+        let row = app.query_one(&stmt, &[&i]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), i + 1);
+    }
+
+    let row = server_row(&console, pid)
+        .await
+        .expect("the pool's server is listed");
+    assert_eq!(value(&row, "state"), "idle", "between transactions");
+    let statements: u64 = value(&row, "prepared_statements").parse().unwrap();
+    let hits: u64 = value(&row, "prepared_hits").parse().unwrap();
+    let misses: u64 = value(&row, "prepared_misses").parse().unwrap();
+    assert!(statements >= 1, "the client's statement: {row:?}");
+    assert!(
+        misses >= 1 && hits >= 2,
+        "prepared once, executed three times: {row:?}"
+    );
+
+    // A server that goes away is closed at its next use and unlisted.
+    let direct = pg.client("postgres", "postgres").await;
+    direct
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let _ = app.simple_query("SELECT 1").await;
+    testkit::assert_eventually(
+        std::time::Duration::from_secs(10),
+        "the terminated server leaves SHOW SERVERS",
+        || async { server_row(&console, pid).await.is_none() },
+    )
+    .await;
+}

@@ -1,4 +1,5 @@
 //! The admin console's commands, parsed from a simple query: `SHOW POOLS`, `SHOW CLIENTS`,
+//! `SHOW SERVERS`,
 //! `SHOW STATS`, `SHOW CONFIG`, `SHOW REPLICATION`, `SHOW VERSION`, `SHOW HELP`, `RELOAD`. Case does not matter and
 //! a trailing semicolon is ignored, as in PgBouncer's console.
 
@@ -7,6 +8,7 @@
 pub enum AdminCommand {
     ShowPools,
     ShowClients,
+    ShowServers,
     ShowStats,
     ShowConfig,
     ShowVersion,
@@ -42,6 +44,7 @@ impl AdminCommand {
         match words.as_slice() {
             ["SHOW", "POOLS"] => AdminCommand::ShowPools,
             ["SHOW", "CLIENTS"] => AdminCommand::ShowClients,
+            ["SHOW", "SERVERS"] => AdminCommand::ShowServers,
             ["SHOW", "STATS"] => AdminCommand::ShowStats,
             ["SHOW", "CONFIG"] => AdminCommand::ShowConfig,
             ["SHOW", "VERSION"] => AdminCommand::ShowVersion,
@@ -78,6 +81,10 @@ mod tests {
             AdminCommand::ShowStats
         );
         assert_eq!(AdminCommand::parse("reload"), AdminCommand::Reload);
+        assert_eq!(
+            AdminCommand::parse("Show Servers;"),
+            AdminCommand::ShowServers
+        );
         assert_eq!(
             AdminCommand::parse("show replication;"),
             AdminCommand::ShowReplication

@@ -14,6 +14,7 @@ mod show_config;
 mod show_help;
 mod show_pools;
 mod show_replication;
+mod show_servers;
 mod show_stats;
 mod table;
 
@@ -190,6 +191,7 @@ fn answer(shared: &Shared, command: AdminCommand, out: &mut BytesMut) {
     let table = match command {
         AdminCommand::ShowPools => show_pools::show_pools(shared),
         AdminCommand::ShowClients => show_clients::show_clients(shared),
+        AdminCommand::ShowServers => show_servers::show_servers(shared),
         AdminCommand::ShowStats => show_stats::show_stats(shared),
         AdminCommand::ShowConfig => show_config::show_config(shared),
         AdminCommand::ShowVersion => show_help::show_version(),

@@ -15,6 +15,10 @@ pub fn show_help() -> Table {
     for (c, d) in [
         ("SHOW POOLS", "server connection pools and their use"),
         ("SHOW CLIENTS", "clients logged in now"),
+        (
+            "SHOW SERVERS",
+            "server connections: state, pid, prepared statements and their hits/misses",
+        ),
         ("SHOW STATS", "counters since start"),
         ("SHOW CONFIG", "settings in force (passwords masked)"),
         ("SHOW VERSION", "pgmemo's version"),

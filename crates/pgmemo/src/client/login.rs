@@ -223,8 +223,9 @@ async fn open(
     .await
     .unwrap_or(Err(crate::pool::ServerError::Timeout(timeout)));
     match opened {
-        Ok(conn) => {
+        Ok(mut conn) => {
             Stats::bump(&shared.stats.server_connects);
+            conn.listing = Some(shared.pools.servers.add(&route.key, conn.is_tls()));
             Ok(conn)
         }
         Err(e) => {

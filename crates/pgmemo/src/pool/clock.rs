@@ -24,6 +24,11 @@ impl Tick {
         Tick(ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000)
     }
 
+    /// Milliseconds of the monotonic clock (for spans shown to people).
+    pub fn millis(self) -> u64 {
+        self.0
+    }
+
     /// Whether at least `span` passed from `earlier` to `self`, in whole milliseconds: a span
     /// is rounded down, so a timeout ends early rather than late (by under a millisecond).
     pub fn reached(self, earlier: Tick, span: Duration) -> bool {

@@ -82,6 +82,7 @@ impl Lease {
                         .await
                         .is_ok());
             if healthy && conn.status == TransactionStatus::Idle {
+                conn.set_state(super::ServerState::Active, now);
                 return Some(conn);
             }
             self.discard_counted();
@@ -125,10 +126,12 @@ impl Lease {
         let pool = self.pool.clone();
         let permit = self.permit.take();
         self.counted = false;
+        conn.set_state(super::ServerState::Resetting, Tick::now());
         tokio::spawn(async move {
             match reset(conn, state, &settings).await {
                 Some(mut conn) => {
                     conn.last_used = Tick::now();
+                    conn.set_state(super::ServerState::Idle, conn.last_used);
                     pool.state().idle.push_back(conn);
                 }
                 None => {
@@ -149,6 +152,7 @@ impl Lease {
             return;
         }
         conn.last_used = Tick::now();
+        conn.set_state(super::ServerState::Idle, conn.last_used);
         self.counted = false;
         self.pool.state().idle.push_back(conn);
         if let Some(permit) = self.permit.take() {

@@ -8,6 +8,7 @@
 
 mod clock;
 mod lease;
+mod listing;
 mod prepared;
 mod server;
 pub mod settings;
@@ -22,6 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use clock::Tick;
 pub use lease::{Lease, ReleaseState};
+pub use listing::{ServerListing, ServerRegistry, ServerRow, ServerState};
 pub use prepared::{
     ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
     StatementSource,
@@ -63,6 +65,8 @@ pub struct Pools {
     pools: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Prepared statements of transaction-pooled clients, shared by every pool.
     pub statements: StatementRegistry,
+    /// Every pooled server connection, for `SHOW SERVERS`.
+    pub servers: ServerRegistry,
 }
 
 impl Pools {
@@ -257,6 +261,7 @@ impl Pool {
         match conn {
             Some(mut conn) => {
                 conn.last_used = Tick::now();
+                conn.set_state(ServerState::Idle, conn.last_used);
                 st.idle.push_back(conn);
             }
             None => st.total -= 1,

@@ -96,6 +96,8 @@ pub struct ServerConn {
     pub last_used: super::Tick,
     /// What transaction pooling has left on this connection for the clients it serves.
     pub session: ServerSession,
+    /// The connection's line in `SHOW SERVERS` (pool connections only), dropped with it.
+    pub listing: Option<super::ServerListing>,
 }
 
 /// Session state a transaction-pooled server connection carries between clients: the
@@ -113,6 +115,18 @@ pub struct ServerSession {
 }
 
 impl ServerConn {
+    /// Notes in `SHOW SERVERS` what the connection is doing since `at`.
+    pub fn set_state(&self, state: super::ServerState, at: super::Tick) {
+        if let Some(listing) = &self.listing {
+            listing.set_state(state, at);
+        }
+    }
+
+    /// Whether the connection to the server is encrypted.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.stream, MaybeTls::Tls(_))
+    }
+
     /// Connects, negotiates TLS as configured and sends the StartupMessage. Authentication is
     /// the caller's next step ([`ServerConn::authenticate`] or a relay).
     ///
@@ -152,6 +166,7 @@ impl ServerConn {
             created: super::Tick::now(),
             last_used: super::Tick::now(),
             session: ServerSession::default(),
+            listing: None,
         });
         let msg = StartupMessage::encode(startup.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         conn.send(&msg).await?;
@@ -283,7 +298,12 @@ impl ServerConn {
             let tag = frame.tag();
             match BackendMessage::decode(frame)? {
                 BackendMessage::ParameterStatus { name, value } => self.set_param(name, value),
-                BackendMessage::BackendKeyData(key) => self.key = Some(key),
+                BackendMessage::BackendKeyData(key) => {
+                    if let Some(listing) = &self.listing {
+                        listing.set_pid(key.process_id as u32);
+                    }
+                    self.key = Some(key);
+                }
                 BackendMessage::ReadyForQuery(status) => {
                     self.status = status;
                     return Ok(());

@@ -265,6 +265,11 @@ pub async fn run(
                 .prepared_misses
                 .fetch_add(misses, std::sync::atomic::Ordering::Relaxed);
         }
+        if hits > 0 || misses > 0 {
+            if let Some(listing) = &server.listing {
+                listing.note_prepared(server.session.statements.len(), hits, misses);
+            }
+        }
         tracing::trace!(
             client = state.tag,
             server = ?server.key.map(|k| k.process_id),
