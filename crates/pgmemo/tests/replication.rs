@@ -179,7 +179,8 @@ async fn a_trigger_fired_by_a_write_through_pgmemo_invalidates_another_table_in_
 /// A trigger's write reaches the cache only through the feed: other sessions see it once the
 /// feed applied it, the writer at once. (The writer bypasses the cache until the feed reached
 /// its commit's WAL position; a local feed applies so fast that this test cannot tell that
-/// wait from the feed itself.)
+/// bypass from the feed itself: `writer_bypasses_until_the_feed_catches_up` holds the feed
+/// back to show it.)
 async fn trigger_write_is_seen(mode: PoolMode) {
     let pg = cluster().await;
     pg.psql(
@@ -210,6 +211,102 @@ async fn trigger_write_is_seen(mode: PoolMode) {
     assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("1"));
     c.batch_execute("INSERT INTO a VALUES (2)").await.unwrap();
     assert_eq!(first(&c, q).await.as_deref(), Some("2"), "{mode:?}");
+    memo.shutdown().await;
+}
+
+/// Keeps a server process stopped (SIGSTOP) until dropped (SIGCONT), so that a failed
+/// assertion cannot leave the cluster unable to shut down.
+struct Stopped(i32);
+
+impl Stopped {
+    fn process(pid: i32) -> Stopped {
+        // SAFETY: kill has no memory effects; the pid is a backend of the test's own cluster.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGSTOP) },
+            0,
+            "SIGSTOP {pid}"
+        );
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+#[tokio::test]
+async fn the_writer_reads_its_trigger_writes_while_the_feed_is_held_back() {
+    writer_bypasses_until_the_feed_catches_up(PoolMode::Session).await;
+}
+
+#[tokio::test]
+async fn the_writer_reads_its_trigger_writes_while_the_feed_is_held_back_in_transaction_pooling() {
+    writer_bypasses_until_the_feed_catches_up(PoolMode::Transaction).await;
+}
+
+/// Read-your-writes does not rest on the feed being quick: with the server's WAL sender
+/// stopped, a write through pgmemo whose trigger changes another table leaves that table's
+/// cached result in place for everyone else (only the feed can invalidate it), yet the
+/// writer reads the new value, because it bypasses the cache until the feed has applied its
+/// commit. Once the sender runs again the others see it too.
+async fn writer_bypasses_until_the_feed_catches_up(mode: PoolMode) {
+    let pg = cluster().await;
+    pg.psql(
+        "CREATE TABLE a (id int PRIMARY KEY);
+         CREATE TABLE b (id int PRIMARY KEY, n int);
+         INSERT INTO b VALUES (1, 0);
+         CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN UPDATE b SET n = n + 1; RETURN NEW; END $$;
+         CREATE TRIGGER a_bumps_b AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION bump();",
+    )
+    .await;
+    let memo = pgmemo_in(&pg, Invalidation::Replication, mode).await;
+    let writer = memo.client("postgres", "postgres").await;
+    let reader = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT n FROM b";
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &reader, q).await.as_deref(), Some("0"));
+    assert_eq!(cached(&memo, &writer, q).await.as_deref(), Some("0"));
+
+    let sender: i32 = direct
+        .query_one("SELECT pid FROM pg_stat_replication", &[])
+        .await
+        .expect("one WAL sender: pgmemo's feed")
+        .get(0);
+    let stopped = Stopped::process(sender);
+    writer
+        .batch_execute("INSERT INTO a VALUES (1)")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&writer, q).await.as_deref(),
+        Some("1"),
+        "the writer reads its own write ({mode:?})"
+    );
+    let before = hits(&memo);
+    assert_eq!(
+        first(&reader, q).await.as_deref(),
+        Some("0"),
+        "the feed is held back: the others' cached result is still served"
+    );
+    assert!(hits(&memo) > before, "the reader's read was a hit");
+    assert_eq!(
+        first(&writer, q).await.as_deref(),
+        Some("1"),
+        "and the writer keeps bypassing it"
+    );
+
+    drop(stopped);
+    assert_eventually(
+        Duration::from_secs(10),
+        "the feed applies the trigger's write once the sender runs again",
+        || async { first(&reader, q).await.as_deref() == Some("1") },
+    )
+    .await;
     memo.shutdown().await;
 }
 
