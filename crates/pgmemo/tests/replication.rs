@@ -6,7 +6,6 @@
 mod cache_support;
 mod raw;
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,12 +59,7 @@ async fn pgmemo_in(
 }
 
 fn hits(memo: &PgmemoInstance) -> u64 {
-    memo.handle()
-        .shared()
-        .cache
-        .stats
-        .hits
-        .load(Ordering::Relaxed)
+    memo.handle().shared().cache.stats.hits()
 }
 
 /// The feed of the only database used through `memo`.

@@ -14,8 +14,7 @@ fn n(v: u64) -> Option<String> {
 pub fn show_cache(shared: &Shared) -> Table {
     let c = &shared.cache;
     let s = &c.stats;
-    let hits = s.hits.load(Ordering::Relaxed);
-    let misses = s.misses.load(Ordering::Relaxed);
+    let (hits, misses) = (s.hits(), s.misses());
     let ratio = if hits + misses == 0 {
         0.0
     } else {
@@ -48,7 +47,7 @@ pub fn show_cache(shared: &Shared) -> Table {
         "admission_skips",
         n(s.admission_skips.load(Ordering::Relaxed)),
     );
-    row("saved_ms", n(s.saved_micros.load(Ordering::Relaxed) / 1000));
+    row("saved_ms", n(s.saved_micros() / 1000));
     row("invalidation_feed", Some(feed_states(shared)));
     for (reason, count) in s.refusals() {
         row(&format!("refused_{reason}"), n(count));
@@ -86,7 +85,7 @@ pub fn show_queries(shared: &Shared) -> Table {
         "last_refusal",
     ]);
     let mut queries = shared.cache.queries.all();
-    queries.sort_by_key(|q| std::cmp::Reverse(q.calls.load(Ordering::Relaxed)));
+    queries.sort_by_key(|q| std::cmp::Reverse(q.calls()));
     for q in queries {
         let timed = q.timed_misses.load(Ordering::Relaxed);
         let mean = if timed == 0 {
@@ -96,11 +95,11 @@ pub fn show_queries(shared: &Shared) -> Table {
         };
         t.row(vec![
             Some(q.text.clone()),
-            n(q.calls.load(Ordering::Relaxed)),
-            n(q.hits.load(Ordering::Relaxed)),
-            n(q.misses.load(Ordering::Relaxed)),
+            n(q.calls()),
+            n(q.hits()),
+            n(q.misses()),
             Some(format!("{mean:.3}")),
-            n(q.saved_micros.load(Ordering::Relaxed) / 1000),
+            n(q.saved_micros() / 1000),
             q.last_refusal().map(|r| r.name().to_owned()),
         ]);
     }

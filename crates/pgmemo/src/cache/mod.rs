@@ -23,6 +23,7 @@ pub mod plan;
 pub mod planner;
 pub mod stats;
 pub mod store;
+pub mod striped;
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

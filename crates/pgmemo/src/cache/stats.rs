@@ -1,22 +1,29 @@
 //! What the cache counts: totals for `SHOW CACHE` and the metrics endpoint, refusals by reason,
-//! and per-statement figures for `SHOW QUERIES`. Atomics only on the hit path; the statement
-//! registry is locked on a miss, never on a hit (entries hold their statement's counters).
+//! and per-statement figures for `SHOW QUERIES`. Atomics only on the hit path, and striped per
+//! core there (see [`super::striped`]); the statement registry is locked on a miss, never on a
+//! hit (entries hold their statement's counters).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::plan::Refusal;
+use super::striped::Striped;
 
 use crate::hash::Map;
 
 /// Most statements `SHOW QUERIES` keeps; past it new statements are not tracked.
 const MAX_TRACKED_QUERIES: usize = 5000;
 
+/// The striped cache-wide counters every hit or miss bumps: see [`CacheStats::hits`].
+const HITS: usize = 0;
+const MISSES: usize = 1;
+const SAVED_MICROS: usize = 2;
+
 /// Cache-wide counters.
 #[derive(Debug)]
 pub struct CacheStats {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
+    /// Hits, misses and the upstream time hits saved.
+    served: Striped<3>,
     pub stores: AtomicU64,
     /// Stores skipped because a write committed while the result was being read (fill race).
     pub stale_fills: AtomicU64,
@@ -34,16 +41,13 @@ pub struct CacheStats {
     /// Times pgmemo read a session's settings (the key's context) again after something may
     /// have changed them: each costs a query on the server.
     pub context_reads: AtomicU64,
-    /// Microseconds of upstream time saved by hits.
-    pub saved_micros: AtomicU64,
     refusals: [AtomicU64; Refusal::COUNT],
 }
 
 impl Default for CacheStats {
     fn default() -> Self {
         CacheStats {
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            served: Striped::default(),
             stores: AtomicU64::new(0),
             stale_fills: AtomicU64::new(0),
             invalidations: AtomicU64::new(0),
@@ -52,7 +56,6 @@ impl Default for CacheStats {
             catalog_lookups: AtomicU64::new(0),
             context_reads: AtomicU64::new(0),
             admission_skips: AtomicU64::new(0),
-            saved_micros: AtomicU64::new(0),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -61,10 +64,28 @@ impl Default for CacheStats {
 impl CacheStats {
     /// Counts a hit answered from `entry`, and the upstream time it saved.
     pub fn served(&self, entry: &super::store::Entry) {
-        self.hits.fetch_add(1, Ordering::Relaxed);
-        self.saved_micros
-            .fetch_add(entry.miss_micros, Ordering::Relaxed);
+        self.count_hit(entry.miss_micros);
         entry.query.hit(entry.miss_micros);
+    }
+
+    /// Counts a hit that saved `micros` of upstream time (cache-wide only).
+    pub fn count_hit(&self, micros: u64) {
+        self.served.add_each([1, 0, micros]);
+    }
+
+    /// Requests answered from the cache.
+    pub fn hits(&self) -> u64 {
+        self.served.get(HITS)
+    }
+
+    /// Cacheable requests sent upstream.
+    pub fn misses(&self) -> u64 {
+        self.served.get(MISSES)
+    }
+
+    /// Microseconds of upstream time saved by hits.
+    pub fn saved_micros(&self) -> u64 {
+        self.served.get(SAVED_MICROS)
     }
 
     /// Counts one request that was not cached, by reason.
@@ -81,7 +102,7 @@ impl CacheStats {
     /// Counts a cacheable request that missed (stored or not), on the cache and on the
     /// statement.
     pub fn missed(&self, query: &QueryStats) {
-        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.served.add(MISSES, 1);
         query.miss(None);
     }
 
@@ -108,14 +129,13 @@ const SINGLE_FLIGHT_MIN: std::time::Duration = std::time::Duration::from_millis(
 pub struct QueryStats {
     /// The statement's shape (literals blanked).
     pub text: String,
-    pub calls: AtomicU64,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
+    /// Calls, hits, misses and the upstream time hits saved: every session running the
+    /// statement bumps them, so they are striped.
+    runs: Striped<4>,
     /// Total upstream time of misses that were timed, in microseconds.
     pub miss_micros: AtomicU64,
     /// Misses that were timed.
     pub timed_misses: AtomicU64,
-    pub saved_micros: AtomicU64,
     /// `Refusal as u8 + 1`, 0 for none: an atomic rather than a lock, as every refused run of
     /// the statement (every write, among others) records it, from every session at once.
     last_refusal: AtomicU8,
@@ -125,12 +145,9 @@ impl QueryStats {
     fn new(text: String) -> QueryStats {
         QueryStats {
             text,
-            calls: AtomicU64::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            runs: Striped::default(),
             miss_micros: AtomicU64::new(0),
             timed_misses: AtomicU64::new(0),
-            saved_micros: AtomicU64::new(0),
             last_refusal: AtomicU8::new(0),
         }
     }
@@ -138,18 +155,35 @@ impl QueryStats {
     /// Records a hit that saved `micros` of upstream time.
     #[inline]
     pub fn hit(&self, micros: u64) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.hits.fetch_add(1, Ordering::Relaxed);
-        self.saved_micros.fetch_add(micros, Ordering::Relaxed);
+        self.runs.add_each([1, 1, 0, micros]);
     }
 
     /// Records a miss (or an uncached run).
     pub fn miss(&self, refusal: Option<Refusal>) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.misses.fetch_add(1, Ordering::Relaxed);
+        self.runs.add_each([1, 0, 1, 0]);
         if let Some(r) = refusal {
             self.note_refusal(r);
         }
+    }
+
+    /// Runs of the statement through pgmemo (hits and misses).
+    pub fn calls(&self) -> u64 {
+        self.runs.get(0)
+    }
+
+    /// Runs answered from the cache.
+    pub fn hits(&self) -> u64 {
+        self.runs.get(1)
+    }
+
+    /// Runs sent upstream.
+    pub fn misses(&self) -> u64 {
+        self.runs.get(2)
+    }
+
+    /// Microseconds of upstream time the statement's hits saved.
+    pub fn saved_micros(&self) -> u64 {
+        self.runs.get(3)
     }
 
     /// Records why a miss already counted was not stored after all (its response was too
@@ -246,9 +280,12 @@ mod tests {
         );
         q.note_refusal(Refusal::ALL[0]);
         assert_eq!(q.last_refusal(), Some(Refusal::ALL[0]));
+        assert_eq!(q.calls(), Refusal::ALL.len() as u64 + 1);
+        assert_eq!(q.misses(), q.calls());
+        q.hit(250);
         assert_eq!(
-            q.calls.load(Ordering::Relaxed),
-            Refusal::ALL.len() as u64 + 1
+            (q.calls(), q.hits(), q.saved_micros()),
+            (q.misses() + 1, 1, 250)
         );
     }
 }

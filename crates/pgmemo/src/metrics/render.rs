@@ -167,10 +167,10 @@ fn cache(page: &mut Exposition, shared: &Shared) {
         u8::from(shared.config().cache.is_on()),
     );
     for (name, value, help) in [
-        ("hits", load(&s.hits), "Requests answered from the cache."),
+        ("hits", s.hits(), "Requests answered from the cache."),
         (
             "misses",
-            load(&s.misses),
+            s.misses(),
             "Cacheable requests sent upstream to fill the cache (no servable entry).",
         ),
         ("stores", load(&s.stores), "Results stored in the cache."),
@@ -241,7 +241,7 @@ fn cache(page: &mut Exposition, shared: &Shared) {
         "pgmemo_cache_saved_seconds_total",
         Kind::Counter,
         "Upstream time saved by hits, estimated from the time the stored result took.",
-        seconds(load(&s.saved_micros)),
+        seconds(s.saved_micros()),
     );
     page.family(
         "pgmemo_cache_refusals_total",
@@ -325,12 +325,9 @@ mod tests {
         };
         shared.pools.get(&key, 7);
         Stats::bump(&shared.stats.clients_accepted);
-        shared.cache.stats.hits.fetch_add(3, Ordering::Relaxed);
-        shared
-            .cache
-            .stats
-            .saved_micros
-            .fetch_add(1_250_000, Ordering::Relaxed);
+        for micros in [0, 0, 1_250_000] {
+            shared.cache.stats.count_hit(micros);
+        }
         shared.cache.stats.refused(Refusal::ALL[0]);
         shared.upstream_time.observe(3_000);
         let page = render(&shared);
