@@ -241,17 +241,25 @@ async fn show_servers_counts_prepared_statements_in_transaction_pooling() {
         assert_eq!(row.get::<_, i32>(0), i + 1);
     }
 
-    let row = server_row(&console, pid)
-        .await
-        .expect("the pool's server is listed");
-    assert_eq!(value(&row, "state"), "idle", "between transactions");
-    let statements: u64 = value(&row, "prepared_statements").parse().unwrap();
-    let hits: u64 = value(&row, "prepared_hits").parse().unwrap();
-    let misses: u64 = value(&row, "prepared_misses").parse().unwrap();
-    assert!(statements >= 1, "the client's statement: {row:?}");
+    // The client has its answer a moment before its server is back in the pool with its
+    // counts noted: polled, not read once.
+    let counts = |row: &[(String, Option<String>)]| {
+        ["prepared_statements", "prepared_hits", "prepared_misses"]
+            .map(|c| value(row, c).parse::<u64>().unwrap())
+    };
+    let row = testkit::eventually_some(std::time::Duration::from_secs(10), || async {
+        let row = server_row(&console, pid).await?;
+        let [statements, hits, misses] = counts(&row);
+        // The client's statement, prepared once and executed three times; idle between
+        // transactions.
+        (value(&row, "state") == "idle" && statements >= 1 && misses >= 1 && hits >= 2)
+            .then_some(row)
+    })
+    .await;
     assert!(
-        misses >= 1 && hits >= 2,
-        "prepared once, executed three times: {row:?}"
+        row.is_some(),
+        "no idle row with the prepared statement's counts: {:?}",
+        server_row(&console, pid).await
     );
 
     // A server that goes away is closed at its next use and unlisted.
