@@ -3,10 +3,10 @@
 //! must take exclusively for every increment, so with many cores serving hits of the same
 //! statement the counter, not the lookup, sets the pace (Pgpool-II's shared-memory lock is the
 //! extreme of the same effect). Here each group of counters has a stripe per core (up to
-//! [`MAX_STRIPES`]) on its own cache lines; a thread adds to the stripe its address picks, and
+//! [`MAX_STRIPES`]) on its own cache lines; a thread adds to the stripe its number picks, and
 //! readers (the admin console, the metrics endpoint) sum the stripes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// More stripes than this cost memory (per tracked statement) for little: contention is
@@ -64,7 +64,7 @@ impl<const N: usize> Striped<N> {
     #[inline]
     fn mine(&self) -> &Stripe<N> {
         // A power of two: the mask keeps the index in range.
-        &self.stripes[thread_hint() & (self.stripes.len() - 1)]
+        &self.stripes[thread_slot() & (self.stripes.len() - 1)]
     }
 }
 
@@ -80,20 +80,21 @@ fn stripe_count() -> usize {
     })
 }
 
+/// Hands each thread its number the first time it counts. Like std's `ThreadId` counter, an
+/// identity generator rather than state: nothing reads it but [`thread_slot`]. Numbers, not a
+/// hash of something per thread, so that the few worker threads of a small machine land on
+/// different stripes rather than colliding by chance.
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
 thread_local! {
-    /// Only its address matters: each thread's copy lives in that thread's own block.
-    static HOME: u8 = const { 0 };
+    static SLOT: usize = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
 }
 
-/// A number that differs between threads (with few collisions among a process's threads):
-/// the address of the thread's [`HOME`], its page bits mixed down. No registry of threads
-/// and no shared state.
+/// The calling thread's number (see [`NEXT_SLOT`]): the runtime's worker threads, started
+/// together, get consecutive ones.
 #[inline]
-fn thread_hint() -> usize {
-    HOME.with(|home| {
-        let a = std::ptr::from_ref(home) as usize;
-        (a >> 12) ^ (a >> 16) ^ (a >> 21)
-    })
+fn thread_slot() -> usize {
+    SLOT.with(|slot| *slot)
 }
 
 #[cfg(test)]
@@ -121,6 +122,19 @@ mod tests {
         assert_eq!(group.get(0), 8000);
         assert_eq!(group.get(1), 16_000);
         assert_eq!(group.get(2), (0..8).sum::<u64>() * 1000);
+    }
+
+    #[test]
+    fn threads_started_together_get_different_slots() {
+        let slots: Vec<usize> = (0..4)
+            .map(|_| std::thread::spawn(thread_slot))
+            .map(|t| t.join().unwrap())
+            .collect();
+        let mut distinct = slots.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4, "{slots:?}");
+        assert_eq!(thread_slot(), thread_slot(), "a thread keeps its slot");
     }
 
     #[test]
