@@ -3,6 +3,7 @@
 //! 42501.
 
 use std::sync::Arc;
+use testkit::backend_pid;
 
 use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
 use tokio_postgres::error::SqlState;
@@ -176,14 +177,6 @@ async fn server_row(console: &Client, pid: i32) -> Option<Vec<(String, Option<St
         .await
         .into_iter()
         .find(|r| value(r, "pid") == pid.to_string())
-}
-
-async fn backend_pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("pg_backend_pid")
-        .get(0)
 }
 
 /// Session pooling: the connection a client holds is listed as active with the server's own

@@ -10,6 +10,7 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
+use testkit::backend_pid;
 
 use pgmemo::config::{AuthType, Seconds};
 use pgmemo::Config;
@@ -98,14 +99,6 @@ async fn assert_current_user(client: &Client, user: &str) {
         .await
         .expect("query after login");
     assert_eq!(row.get::<_, String>(0), user);
-}
-
-async fn backend_pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("pg_backend_pid()")
-        .get(0)
 }
 
 /// Idle server connections pgmemo holds for `user` (over all its pools).

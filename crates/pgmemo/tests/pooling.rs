@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testkit::backend_pid;
 
 use pgmemo::config::Seconds;
 use pgmemo::Config;
@@ -76,14 +77,6 @@ async fn connect_error(url: &str) -> tokio_postgres::Error {
 
 fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
     e.code().map(|c| c.code())
-}
-
-async fn backend_pid(client: &Client) -> i32 {
-    client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("pg_backend_pid")
-        .get(0)
 }
 
 /// Whether a backend with this PID is still connected to the server `direct` talks to.

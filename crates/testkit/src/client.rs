@@ -29,3 +29,13 @@ pub async fn connect(url: &str) -> anyhow::Result<Client> {
     });
     Ok(client)
 }
+
+/// The PID of the server process behind `client` (through pgmemo: of the server connection
+/// it holds now), for tests that follow a connection through the pool.
+pub async fn backend_pid(client: &Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pg_backend_pid()")
+        .get(0)
+}

@@ -20,7 +20,7 @@ mod ports;
 mod postgres;
 mod procfs;
 
-pub use client::{connect, url, url_with_password};
+pub use client::{backend_pid, connect, url, url_with_password};
 pub use eventually::{assert_eventually, eventually, eventually_some, POLL_INTERVAL};
 pub use pgmemo::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, PgmemoProcess};
 pub use ports::free_port;

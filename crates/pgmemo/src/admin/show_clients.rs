@@ -1,8 +1,8 @@
 //! `SHOW CLIENTS`: the clients logged in now.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use super::table::Table;
+use super::table::{connected_columns, Table};
 use crate::shared::Shared;
 
 /// Builds the table.
@@ -18,20 +18,15 @@ pub fn show_clients(shared: &Shared) -> Table {
     ]);
     let now = SystemTime::now();
     for c in shared.clients.snapshot() {
-        let age = now.duration_since(c.connected_at).unwrap_or_default();
-        let since_epoch = c
-            .connected_at
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
+        let [connected_seconds, connect_time] = connected_columns(c.connected_at, now);
         t.row(vec![
             Some(c.peer.to_string()),
             Some(c.user),
             Some(c.database),
             Some(c.tls.to_string()),
             Some(c.admin.to_string()),
-            Some(age.as_secs().to_string()),
-            Some(since_epoch.to_string()),
+            connected_seconds,
+            connect_time,
         ]);
     }
     t

@@ -1,9 +1,9 @@
 //! `SHOW SERVERS`: the server connections pgmemo holds now, one row each, with what each is
 //! doing and, in transaction pooling, its prepared statements.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use super::table::Table;
+use super::table::{connected_columns, Table};
 use crate::shared::Shared;
 
 /// Builds the table.
@@ -24,12 +24,7 @@ pub fn show_servers(shared: &Shared) -> Table {
     ]);
     let now = SystemTime::now();
     for s in shared.pools.servers.snapshot() {
-        let age = now.duration_since(s.connected_at).unwrap_or_default();
-        let since_epoch = s
-            .connected_at
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_secs();
+        let [connected_seconds, connect_time] = connected_columns(s.connected_at, now);
         t.row(vec![
             Some(s.pool.database),
             Some(s.pool.user),
@@ -38,8 +33,8 @@ pub fn show_servers(shared: &Shared) -> Table {
             Some(s.state.name().to_owned()),
             Some(s.tls.to_string()),
             Some((s.state_millis / 1000).to_string()),
-            Some(age.as_secs().to_string()),
-            Some(since_epoch.to_string()),
+            connected_seconds,
+            connect_time,
             Some(s.statements.to_string()),
             Some(s.prepared_hits.to_string()),
             Some(s.prepared_misses.to_string()),

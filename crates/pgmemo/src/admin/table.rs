@@ -2,8 +2,24 @@
 //! way PgBouncer's console answers: every column is `text`, which psql and monitoring scripts
 //! read without type knowledge.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use bytes::BytesMut;
 use wire::backend;
+
+/// A connection's `connected_seconds` (how long ago, as of `now`) and `connect_time` (Unix
+/// seconds) columns, as `SHOW CLIENTS` and `SHOW SERVERS` print them.
+pub fn connected_columns(connected_at: SystemTime, now: SystemTime) -> [Option<String>; 2] {
+    let age = now.duration_since(connected_at).unwrap_or_default();
+    let since_epoch = connected_at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    [
+        Some(age.as_secs().to_string()),
+        Some(since_epoch.to_string()),
+    ]
+}
 
 /// Rows for one SHOW command.
 #[derive(Debug, Clone, PartialEq, Eq)]

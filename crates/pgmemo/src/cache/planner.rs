@@ -84,11 +84,13 @@ pub async fn plan<C: Catalog>(
     text: &str,
     catalog: Option<&mut C>,
 ) -> Result<(Arc<Plan>, bool), C::Error> {
-    if let Some(found) = memoized(p, text) {
-        return Ok(found);
-    }
     let shape = sql::shape(text, p.standard_conforming_strings);
     let memo_key = super::plan_memo_key(p.context_id.unwrap_or(0), &shape.hints, &shape.text);
+    if p.context_id.is_some() {
+        if let Some(plan) = p.db.plan(&memo_key) {
+            return Ok((plan, shape.time_literal));
+        }
+    }
     let query = p.cache.queries.get(shape.text.trim());
     let options = sql::ParseOptions {
         standard_conforming_strings: p.standard_conforming_strings,
