@@ -27,7 +27,9 @@ const TEMP_SCHEMA_PREFIX: &[u8] = b"PG_TEMP";
 /// text or after any `;`, past whitespace, comments (`--`, nested `/* */`) and `(`. A unicode
 /// escape identifier (`U&"..."`) can spell any function name, so it always answers `true`.
 ///
-/// Single pass, no allocation, no parser.
+/// No allocation, no parser. Once the first statement's first word is behind it, a text with
+/// no further `;` can only match an anywhere word or `U&"`: if a few byte searches find none of
+/// their fragments in the rest, the scan stops there (most query strings end that way).
 ///
 /// ```
 /// assert!(sql::may_affect_session("/* c */ SET search_path = app"));
@@ -35,8 +37,14 @@ const TEMP_SCHEMA_PREFIX: &[u8] = b"PG_TEMP";
 /// assert!(!sql::may_affect_session("UPDATE accounts SET balance = 0 WHERE id = 1"));
 /// ```
 pub fn may_affect_session(sql: impl AsRef<[u8]>) -> bool {
-    let bytes = sql.as_ref();
+    scan(sql.as_ref(), true)
+}
+
+/// The scan behind [`may_affect_session`]; `early_exit` enables the shortcut (tests compare
+/// the answers with and without it).
+fn scan(bytes: &[u8], early_exit: bool) -> bool {
     let mut starts = Starts::new();
+    let mut rest_checked = !early_exit;
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
@@ -49,6 +57,12 @@ pub fn may_affect_session(sql: impl AsRef<[u8]>) -> bool {
                     return true;
                 }
                 starts.token();
+                if !rest_checked && starts.past_every_start() {
+                    rest_checked = true;
+                    if !rest_may_match(&bytes[i..]) {
+                        return false;
+                    }
+                }
                 continue;
             }
             Class::Blank => {
@@ -97,6 +111,85 @@ pub fn may_affect_session(sql: impl AsRef<[u8]>) -> bool {
         i += step;
     }
     false
+}
+
+/// Whether the rest of a text, read where no reading is at a statement start or in a comment
+/// entered at one, could still make the scan answer `true`. Without a `;` no statement starts
+/// again, so only an anywhere word or `U&"` could, and each of those holds `&` or one of four
+/// byte pairs, in either case: `mp` (`TEMP`, `TEMPORARY`, `pg_temp...`), `xe` (`EXECUTE`), `_c`
+/// (`SET_CONFIG`) or `dv` (the advisory lock functions). A `;` with nothing but whitespace
+/// after it starts nothing. A `false` is exact; a `true` only means the scan goes on.
+///
+/// Sixteen positions per step with SSE2 (every x86-64 processor has it), a few instructions
+/// where the full scan takes about ten per byte; elsewhere the scan just goes on.
+fn rest_may_match(rest: &[u8]) -> bool {
+    let end = rest
+        .iter()
+        .rposition(|&b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b';'))
+        .map_or(0, |last| last + 1);
+    pairs::any(&rest[..end])
+}
+
+#[cfg(target_arch = "x86_64")]
+mod pairs {
+    use std::arch::x86_64::{
+        __m128i, _mm_and_si128, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128,
+        _mm_set1_epi8,
+    };
+
+    /// Bytes read per step: the sixteen positions and the byte after the last.
+    const WINDOW: usize = 17;
+
+    /// Whether `text` holds `;`, `&` or one of the pairs (see `rest_may_match`).
+    pub(super) fn any(text: &[u8]) -> bool {
+        let mut at = 0;
+        while let Some(window) = text.get(at..at + WINDOW) {
+            if window_hits(window) {
+                return true;
+            }
+            at += WINDOW - 1;
+        }
+        // The tail (at most 16 bytes), padded with zero bytes, which match nothing: no pair
+        // reaches past the text.
+        let mut padded = [0u8; WINDOW];
+        let tail = &text[at..];
+        padded[..tail.len()].copy_from_slice(tail);
+        window_hits(&padded)
+    }
+
+    /// Positions 0..16 of `window` (at least 17 bytes).
+    fn window_hits(window: &[u8]) -> bool {
+        assert!(window.len() >= WINDOW);
+        // SAFETY: SSE2 is part of every x86-64 target (the intrinsics are unsafe only because
+        // they are target-feature functions); both loads read 16 bytes inside `window`
+        // (checked just above), and `loadu` has no alignment requirement.
+        unsafe {
+            let first = _mm_loadu_si128(window.as_ptr().cast::<__m128i>());
+            let second = _mm_loadu_si128(window[1..].as_ptr().cast::<__m128i>());
+            // ASCII letters to lower case; `_` becomes 0x7f (other bytes change too, which
+            // can only add matches).
+            let fold = _mm_set1_epi8(0x20);
+            let (a, b) = (_mm_or_si128(first, fold), _mm_or_si128(second, fold));
+            let is = |v: __m128i, byte: u8| _mm_cmpeq_epi8(v, _mm_set1_epi8(byte as i8));
+            let pair = |x: u8, y: u8| _mm_and_si128(is(a, x), is(b, y));
+            let hits = _mm_or_si128(
+                _mm_or_si128(
+                    _mm_or_si128(pair(b'm', b'p'), pair(b'x', b'e')),
+                    _mm_or_si128(pair(0x7f, b'c'), pair(b'd', b'v')),
+                ),
+                _mm_or_si128(is(a, b';'), is(a, b'&')),
+            );
+            _mm_movemask_epi8(hits) != 0
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod pairs {
+    /// Without SSE2 the scan always goes on.
+    pub(super) fn any(_text: &[u8]) -> bool {
+        true
+    }
 }
 
 /// What a byte is to the scan.
@@ -161,6 +254,12 @@ impl Starts {
     /// Whether some reading is at a statement start, so the next word may begin a statement.
     fn at_start(self) -> bool {
         self.open & 1 != 0
+    }
+
+    /// No reading is at a statement start or inside a comment it entered at one: only a `;`
+    /// can start a statement again.
+    fn past_every_start(self) -> bool {
+        self.open == 0 && !self.line
     }
 
     /// A word or any other token that is neither whitespace, `(`, a comment nor `;`: readings
@@ -320,6 +419,102 @@ mod tests {
             || word
                 .get(..TEMP_SCHEMA_PREFIX.len())
                 .is_some_and(|head| head.eq_ignore_ascii_case(TEMP_SCHEMA_PREFIX))
+    }
+
+    /// Pieces of query text around everything the shortcut reasons about: statement starts,
+    /// comments, line breaks, `U&"`, anywhere words and their fragments in every case.
+    const PIECES: [&str; 32] = [
+        "SELECT ",
+        "select",
+        " x ",
+        "FROM t",
+        " WHERE a = 1",
+        ";",
+        "; ",
+        "&",
+        "U&\"a\"",
+        "u",
+        "\"",
+        "/*",
+        "*/",
+        "--",
+        "\n",
+        "\r",
+        "(",
+        "'",
+        "SET ",
+        "temp",
+        "TeMp",
+        "tem",
+        "Temporary",
+        "pg_temp_3",
+        "execute",
+        "EXECUTE",
+        "exe",
+        "set_config",
+        "SET_config(",
+        "advisory_lock",
+        "pg_try_advisory_lock_shared",
+        "pg_advisory_lock",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20_000))]
+
+        /// The shortcut changes no answer.
+        #[test]
+        fn the_early_exit_agrees_with_the_full_scan(
+            picks in proptest::collection::vec(0..PIECES.len(), 0..12),
+        ) {
+            let text: String = picks.iter().map(|&k| PIECES[k]).collect();
+            proptest::prop_assert_eq!(
+                scan(text.as_bytes(), true),
+                scan(text.as_bytes(), false),
+                "{:?}",
+                text
+            );
+        }
+    }
+
+    #[test]
+    fn the_early_exit_needs_a_fragment_of_every_anywhere_word() {
+        for word in ANYWHERE_WORDS.iter().chain([&b"PG_TEMP_7"[..]].iter()) {
+            let text = [&b"SELECT 1 FROM t WHERE "[..], word, b"(1)"].concat();
+            assert!(scan(&text, true), "{}", String::from_utf8_lossy(&text));
+            assert!(scan(&text.to_ascii_lowercase(), true));
+        }
+        assert!(!scan(
+            b"SELECT abalance FROM pgbench_accounts WHERE aid = 42",
+            true
+        ));
+    }
+
+    /// Every word at every offset from the sixteen-byte steps, and at the very end.
+    #[test]
+    fn the_early_exit_finds_words_at_every_offset() {
+        for word in
+            ANYWHERE_WORDS
+                .iter()
+                .copied()
+                .chain([&b"pg_temp_7"[..], b"U&\"x\"", b"; SET a = 1"])
+        {
+            for pad in 0..40 {
+                let head = [&b"SELECT "[..], &b"abcdefghij".repeat(4)[..pad], b" "].concat();
+                for tail in [&b""[..], b" x", b" FROM t WHERE a = 1"] {
+                    let text = [&head[..], word, tail].concat();
+                    assert_eq!(scan(&text, true), scan(&text, false));
+                    assert!(scan(&text, true), "{}", String::from_utf8_lossy(&text));
+                }
+            }
+        }
+        let quiet = [&b"SELECT "[..], &b"abcdefghij ".repeat(9), b";  \n"].concat();
+        for end in 7..quiet.len() {
+            assert!(
+                !scan(&quiet[..end], true),
+                "{}",
+                String::from_utf8_lossy(&quiet[..end])
+            );
+        }
     }
 
     #[test]
