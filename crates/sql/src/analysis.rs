@@ -43,8 +43,16 @@ pub struct StatementInfo {
     pub writes: Vec<RelationName>,
     /// Every function called by name anywhere in the statement (select lists, WHERE, ORDER BY,
     /// aggregates, window functions, FROM, VALUES, CALL), including the `pg_catalog` functions
-    /// that SQL syntax such as `EXTRACT` or `AT TIME ZONE` stands for. Operators are not included.
+    /// that SQL syntax such as `EXTRACT` or `AT TIME ZONE` stands for. Operators are in
+    /// `operators`.
     pub functions: Vec<FunctionName>,
+    /// Every operator written in the statement (`a + b`, `x = ANY (...)`, `OPERATOR(s.###)`,
+    /// `ORDER BY x USING >`), and the ones SQL syntax stands for: `=` and `<>` of `IN`, `NULLIF`
+    /// and `IS [NOT] DISTINCT FROM`, `~~` and `~~*` of `LIKE` and `ILIKE`, `~` of
+    /// `SIMILAR TO`, the comparisons of `BETWEEN`. An operator is a function call too, and a
+    /// user-defined one may be volatile; implicit ones (`ORDER BY`, `GROUP BY`, `DISTINCT`, join
+    /// conditions of `USING`) are not listed.
+    pub operators: Vec<OperatorName>,
     /// SQL-standard niladic functions (`CURRENT_TIMESTAMP`, `CURRENT_USER`, ...), which the
     /// grammar does not turn into named calls: their results depend on time or role.
     pub sql_value_functions: Vec<SqlValueFunction>,
@@ -119,8 +127,19 @@ macro_rules! qualified_name_impls {
     };
 }
 
+/// An operator name as written (`+`, `@>`), with its schema when qualified by
+/// `OPERATOR(schema.op)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OperatorName {
+    /// The schema, when the operator was qualified.
+    pub schema: Option<String>,
+    /// The operator's own name.
+    pub name: String,
+}
+
 qualified_name_impls!(RelationName);
 qualified_name_impls!(FunctionName);
+qualified_name_impls!(OperatorName);
 
 /// The SQL-standard functions with keyword syntax (`CURRENT_DATE`, `CURRENT_USER`, ...), which
 /// PostgreSQL's grammar keeps as special nodes instead of named calls, so they have no name to

@@ -5,7 +5,7 @@
 use pg_query::protobuf::{self, node::Node as NodeEnum, Node, ObjectType, SqlValueFunctionOp};
 use pg_query::NodeRef;
 
-use crate::analysis::{FunctionName, RelationName, SqlValueFunction};
+use crate::analysis::{FunctionName, OperatorName, RelationName, SqlValueFunction};
 use crate::children::for_each_child;
 use crate::temp;
 use crate::text::name_parts;
@@ -27,6 +27,7 @@ pub(crate) struct Collector {
     pub reads: Vec<RelationName>,
     pub writes: Vec<RelationName>,
     pub functions: Vec<FunctionName>,
+    pub operators: Vec<OperatorName>,
     pub sql_value_functions: Vec<SqlValueFunction>,
     pub locking: bool,
     pub data_modifying_cte: bool,
@@ -45,6 +46,18 @@ impl Collector {
             NodeRef::FuncCall(call) => {
                 self.function(&call.funcname);
                 self.children(node, Role::Read);
+            }
+            NodeRef::AExpr(e) => {
+                self.a_expr(e);
+                self.children(node, role);
+            }
+            NodeRef::SubLink(link) => {
+                self.operator(&link.oper_name);
+                self.children(node, role);
+            }
+            NodeRef::SortBy(sort) => {
+                self.operator(&sort.use_op);
+                self.children(node, role);
             }
             NodeRef::SqlvalueFunction(f) => self.sql_value_function(f.op()),
             NodeRef::SelectStmt(s) => {
@@ -274,6 +287,30 @@ impl Collector {
     fn function(&mut self, funcname: &[Node]) {
         if let Some(name) = FunctionName::from_parts(&name_parts(funcname)) {
             push_unique(&mut self.functions, name);
+        }
+    }
+
+    /// The operators an expression applies: its own name, or for the kinds SQL syntax spells
+    /// with words (`BETWEEN`), the operators they stand for.
+    fn a_expr(&mut self, e: &protobuf::AExpr) {
+        use protobuf::AExprKind as K;
+        let implied: &[&str] = match e.kind() {
+            K::AexprBetween | K::AexprNotBetween | K::AexprBetweenSym | K::AexprNotBetweenSym => {
+                &["<", "<=", ">", ">="]
+            }
+            _ => &[],
+        };
+        if implied.is_empty() {
+            self.operator(&e.name);
+        }
+        for op in implied {
+            push_unique(&mut self.operators, OperatorName::new(None, op));
+        }
+    }
+
+    fn operator(&mut self, name: &[Node]) {
+        if let Some(name) = OperatorName::from_parts(&name_parts(name)) {
+            push_unique(&mut self.operators, name);
         }
     }
 

@@ -30,7 +30,9 @@ mod temp;
 mod text;
 mod transaction;
 
-pub use analysis::{Analysis, FunctionName, RelationName, SqlValueFunction, StatementInfo};
+pub use analysis::{
+    Analysis, FunctionName, OperatorName, RelationName, SqlValueFunction, StatementInfo,
+};
 pub use error::SqlError;
 pub use kind::{DiscardKind, StatementKind};
 pub use prefilter::may_affect_session;

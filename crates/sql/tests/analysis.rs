@@ -1,6 +1,7 @@
 //! Table-driven statement -> analysis tests: relations read and written, functions called and the
 //! flags of each statement. Every field is checked for every case, so a row also asserts that
-//! nothing else is reported.
+//! nothing else is reported; operators, which most rows have, are checked by their own table
+//! (`operators_everywhere`).
 
 use sql::{FunctionName, RelationName, SqlValueFunction, StatementKind};
 
@@ -663,4 +664,68 @@ fn wrapped_temporary_relations_are_flagged_inside() {
         assert!(inner.session_temp_table, "{sql}");
         assert!(analysis.statements[0].session_temp_table, "{sql}");
     }
+}
+
+/// Each row: a statement and every operator it must report, in any order.
+#[test]
+fn operators_everywhere() {
+    let rows: &[(&str, &[&str])] = &[
+        (
+            "SELECT a + b * c FROM t WHERE x >= 1 AND NOT y",
+            &["+", "*", ">="],
+        ),
+        ("SELECT 1", &[]),
+        ("SELECT now(), lower(s) FROM t", &[]),
+        (
+            "SELECT x FROM t WHERE x IN (1, 2) OR y NOT IN (3)",
+            &["=", "<>"],
+        ),
+        ("SELECT NULLIF(a, b), a IS DISTINCT FROM b FROM t", &["="]),
+        (
+            "SELECT s LIKE 'a%', s ILIKE 'b%', s NOT LIKE 'c' FROM t",
+            &["~~", "~~*", "!~~"],
+        ),
+        ("SELECT s SIMILAR TO 'a' FROM t", &["~"]),
+        ("SELECT x BETWEEN 1 AND 2 FROM t", &["<", "<=", ">", ">="]),
+        (
+            "SELECT x = ANY (ARRAY[1]), y < ALL (SELECT z FROM u) FROM t",
+            &["=", "<"],
+        ),
+        ("SELECT x FROM t WHERE x > ANY (SELECT y FROM u)", &[">"]),
+        (
+            "SELECT a OPERATOR(app.###) b, c OPERATOR(pg_catalog.+) d FROM t",
+            &["app.###", "pg_catalog.+"],
+        ),
+        ("SELECT x FROM t ORDER BY x USING >", &[">"]),
+        (
+            "SELECT -x, @ y, j ->> 'k', arr && '{1}' FROM t",
+            &["-", "@", "->>", "&&"],
+        ),
+        (
+            "SELECT (SELECT max(a + 1) FROM u WHERE u.id = t.id) FROM t",
+            &["+", "="],
+        ),
+        (
+            "WITH w AS (SELECT a || b AS c FROM t) SELECT c FROM w",
+            &["||"],
+        ),
+        ("UPDATE t SET a = a + 1 WHERE id = 7", &["+", "="]),
+        ("CREATE VIEW v AS SELECT a % 2 FROM t", &["%"]),
+    ];
+    let mut failures = Vec::new();
+    for (sql, want) in rows {
+        let analysis = sql::analyze(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut got: Vec<String> = analysis.statements[0]
+            .operators
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        got.sort();
+        let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        if got != want {
+            failures.push(format!("{sql}\n  got  {got:?}\n  want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }

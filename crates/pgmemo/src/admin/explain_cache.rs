@@ -43,15 +43,14 @@ pub fn explain_cache(shared: &Shared, sql: &str) -> Table {
         let query = shared.cache.queries.get(shape.text.trim());
         let p = match sql::analyze(sql) {
             Ok(a) => {
-                let (rels, fns) = plan::names_to_look_up(&a.statements);
+                let names = plan::names_to_look_up(&a.statements);
                 let h = plan::hints(&shape.hints);
                 let no_exclusions = |_: &str, _: &str| false;
                 plan::decide(
                     &a.statements,
                     &plan::Inputs {
                         facts: None,
-                        relation_names: &rels,
-                        function_names: &fns,
+                        names: &names,
                         view_function_volatility: None,
                         hints: &h,
                         excluded: &no_exclusions,

@@ -80,6 +80,12 @@ pub struct Facts {
     /// session sees depends on that session, so no result may be shared.
     pub temp_shadowed: Vec<usize>,
     pub functions: Vec<Function>,
+    /// The functions behind the user-defined operators (`pg_operator.oid` ≥
+    /// [`FIRST_NORMAL_OBJECT_ID`]) of each operator name, all operand types included. Built-in
+    /// operators are left out: none is volatile, and the stable ones depend only on settings
+    /// that are part of the key (`TimeZone` for the timestamptz comparisons,
+    /// `default_text_search_config` for `@@` on text, the output functions of `||`).
+    pub operators: Vec<Function>,
 }
 
 /// Why a lookup's answer could not be read.
@@ -130,18 +136,21 @@ fn values(out: &mut String, names: &[Name<'_>]) -> Result<(), CatalogError> {
     Ok(())
 }
 
-/// The lookup query for these relation and function names. It never raises an error for
-/// names that do not exist (it runs inside the client's transaction, which an error would
-/// abort).
+/// The lookup query for these relation, function and operator names. It never raises an
+/// error for names that do not exist (it runs inside the client's transaction, which an error
+/// would abort).
 pub fn lookup_query(
     relations: &[Name<'_>],
     functions: &[Name<'_>],
+    operators: &[Name<'_>],
 ) -> Result<String, CatalogError> {
     let mut q = String::with_capacity(4096);
     q.push_str("/* pgmemo catalog lookup */ WITH RECURSIVE names(i, nsp, rel) AS (");
     values(&mut q, relations)?;
     q.push_str("), fnames(i, nsp, fn) AS (");
     values(&mut q, functions)?;
+    q.push_str("), onames(i, nsp, op) AS (");
+    values(&mut q, operators)?;
     q.push_str(LOOKUP_BODY);
     Ok(q)
 }
@@ -165,7 +174,10 @@ SELECT 'r', d.i, d.oid::int8, d.how, c.relkind::text, c.relpersistence::text, c.
 UNION ALL SELECT 'u', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM roots WHERE oid IS NULL
 UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM names WHERE nsp IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname = names.rel AND c.relpersistence = 't')
 UNION ALL SELECT 'p', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname = f.fn
-  AND ((f.nsp IS NULL AND p.pronamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))"#;
+  AND ((f.nsp IS NULL AND p.pronamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
+UNION ALL SELECT 'o', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname = f.op AND o.oid >= 16384
+  AND ((f.nsp IS NULL AND o.oprnamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR o.oprnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
+  JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode"#;
 
 /// A row of the lookup's answer, as text columns (NULL as `None`).
 pub type Row = Vec<Option<String>>;
@@ -216,11 +228,18 @@ pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
             }
             Some("u") => facts.unresolved.push(index),
             Some("t") => facts.temp_shadowed.push(index),
-            Some("p") => facts.functions.push(Function {
-                name_index: index,
-                volatility: byte(row, 3),
-                oid: col(row, 2).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
-            }),
+            Some(kind @ ("p" | "o")) => {
+                let function = Function {
+                    name_index: index,
+                    volatility: byte(row, 3),
+                    oid: col(row, 2).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+                };
+                if kind == "p" {
+                    facts.functions.push(function);
+                } else {
+                    facts.operators.push(function);
+                }
+            }
             _ => return Err(bad()),
         }
     }
@@ -233,11 +252,15 @@ mod tests {
 
     #[test]
     fn names_are_quoted_and_backslashes_refused() {
-        let q = lookup_query(&[(Some("s"), "it's")], &[]).unwrap();
+        let q = lookup_query(&[(Some("s"), "it's")], &[], &[(None, "+")]).unwrap();
         assert!(q.contains("(0, 's', 'it''s')"), "{q}");
         assert!(q.contains("WHERE false"), "empty function list: {q}");
+        assert!(
+            q.contains("onames(i, nsp, op) AS (VALUES (0, NULL::text, '+'))"),
+            "{q}"
+        );
         assert_eq!(
-            lookup_query(&[(None, "a\\b")], &[]),
+            lookup_query(&[(None, "a\\b")], &[], &[]),
             Err(CatalogError::UnsafeName)
         );
     }
@@ -286,7 +309,27 @@ mod tests {
                 None,
             ]),
         ];
+        let mut rows = rows;
+        rows.push(r(&[
+            Some("o"),
+            Some("0"),
+            Some("16400"),
+            Some("v"),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        ]));
         let f = parse_facts(&rows).unwrap();
+        assert_eq!(f.operators.len(), 1);
+        assert_eq!(
+            (f.operators[0].oid, f.operators[0].volatility),
+            (16400, b'v')
+        );
+        assert_eq!(f.functions.len(), 1);
         assert_eq!(f.relations[0].oid, 16387);
         assert_eq!(f.relations[0].reach, Reach::Named);
         assert_eq!(f.unresolved, vec![1]);

@@ -199,31 +199,43 @@ pub fn hints(comments: &[String]) -> Hints {
 /// A name as (optional schema, name), owned.
 pub type OwnedName = (Option<String>, String);
 
-/// The names a statement list needs looked up: relations read or written, and functions.
-pub fn names_to_look_up(statements: &[StatementInfo]) -> (Vec<OwnedName>, Vec<OwnedName>) {
-    let mut rels = Vec::new();
-    let mut fns = Vec::new();
-    for s in statements {
-        for r in s.reads.iter().chain(&s.writes) {
-            let n = (r.schema.clone(), r.name.clone());
-            if !rels.contains(&n) {
-                rels.push(n);
-            }
-        }
-        for f in &s.functions {
-            let n = (f.schema.clone(), f.name.clone());
-            if !fns.contains(&n) {
-                fns.push(n);
-            }
+/// The names a statement list needs looked up, each list without repeats; indexes into them
+/// are what the catalog's answer ([`Facts`]) refers to.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LookupNames {
+    /// Relations read or written.
+    pub relations: Vec<OwnedName>,
+    pub functions: Vec<OwnedName>,
+    pub operators: Vec<OwnedName>,
+}
+
+/// The names `statements` need looked up.
+pub fn names_to_look_up(statements: &[StatementInfo]) -> LookupNames {
+    fn add(list: &mut Vec<OwnedName>, schema: &Option<String>, name: &str) {
+        if !list.iter().any(|(s, n)| s == schema && n == name) {
+            list.push((schema.clone(), name.to_owned()));
         }
     }
-    (rels, fns)
+    let mut names = LookupNames::default();
+    for s in statements {
+        for r in s.reads.iter().chain(&s.writes) {
+            add(&mut names.relations, &r.schema, &r.name);
+        }
+        for f in &s.functions {
+            add(&mut names.functions, &f.schema, &f.name);
+        }
+        for o in &s.operators {
+            add(&mut names.operators, &o.schema, &o.name);
+        }
+    }
+    names
 }
 
 /// Whether the statements need a catalog lookup at all (a SET, BEGIN or SHOW does not).
 pub fn needs_catalog(statements: &[StatementInfo]) -> bool {
     statements.iter().any(|s| {
         !s.functions.is_empty()
+            || (!s.operators.is_empty() && is_query(s))
             || (!s.reads.is_empty() && is_query(s))
             || (!s.writes.is_empty() && is_dml(&s.kind))
     })
@@ -248,9 +260,8 @@ fn is_dml(kind: &StatementKind) -> bool {
 /// Everything `decide` needs besides the statements.
 pub struct Inputs<'a> {
     pub facts: Option<&'a Facts>,
-    /// Relation names in the order they were looked up (indexes in `facts` refer to it).
-    pub relation_names: &'a [(Option<String>, String)],
-    pub function_names: &'a [(Option<String>, String)],
+    /// The names looked up (indexes in `facts` refer to them).
+    pub names: &'a LookupNames,
     /// Volatility of the functions views call (worst first), when views were involved.
     pub view_function_volatility: Option<u8>,
     pub hints: &'a Hints,
@@ -303,13 +314,14 @@ fn name_index(
     names.iter().position(|(s, n)| s == schema && n == name)
 }
 
-/// The worst volatility among the functions a statement calls (`v` > `s` > `i`), `None` when
-/// a name resolves to no function, `Some(b'i')` when it calls none.
+/// The worst volatility among the functions a statement calls, its user-defined operators
+/// included (`v` > `s` > `i`): `None` when a function name resolves to no function,
+/// `Some(b'i')` when it calls none.
 fn worst_volatility(s: &StatementInfo, inputs: &Inputs<'_>) -> Option<u8> {
     let facts = inputs.facts?;
     let mut worst = b'i';
     for f in &s.functions {
-        let i = name_index(inputs.function_names, &f.schema, &f.name)?;
+        let i = name_index(&inputs.names.functions, &f.schema, &f.name)?;
         let mut found = false;
         for p in facts.functions.iter().filter(|p| p.name_index == i) {
             found = true;
@@ -319,10 +331,34 @@ fn worst_volatility(s: &StatementInfo, inputs: &Inputs<'_>) -> Option<u8> {
             return None;
         }
     }
+    // Only user-defined operators are in the answer (see `catalog::Facts::operators`); an
+    // operator name with none is a built-in one.
+    for o in &s.operators {
+        let i = name_index(&inputs.names.operators, &o.schema, &o.name)?;
+        for p in facts.operators.iter().filter(|p| p.name_index == i) {
+            worst = worse(worst, p.volatility);
+        }
+    }
     Some(worst)
 }
 
-fn worse(a: u8, b: u8) -> u8 {
+/// Whether the catalog's answer shows a volatile user-defined operator in `s`.
+fn calls_volatile_operator(s: &StatementInfo, inputs: &Inputs<'_>) -> bool {
+    let Some(facts) = inputs.facts else {
+        return false;
+    };
+    s.operators.iter().any(|o| {
+        name_index(&inputs.names.operators, &o.schema, &o.name).is_some_and(|i| {
+            facts
+                .operators
+                .iter()
+                .any(|p| p.name_index == i && p.volatility == b'v')
+        })
+    })
+}
+
+/// The worse of two volatilities (`v` > `s` > `i`; anything else counts as `v`).
+pub fn worse(a: u8, b: u8) -> u8 {
     let rank = |v: u8| match v {
         b'i' => 0,
         b's' => 1,
@@ -393,10 +429,16 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
             e.settings = true;
         }
     }
-    // A volatile (or unknown) function may write anything; some may change settings.
+    // A volatile (or unknown) function may write anything; some may change settings. So may
+    // a volatile user-defined operator (known only from the catalog: without it, operators are
+    // taken for the built-in ones nearly every statement uses).
     if !s.functions.is_empty() && worst_volatility(s, inputs).is_none_or(|v| v == b'v') {
         e.database_wide = true;
         e.settings |= may_change_settings(s, inputs);
+    }
+    if calls_volatile_operator(s, inputs) {
+        e.database_wide = true;
+        e.settings = true;
     }
     e
 }
@@ -408,7 +450,7 @@ fn may_change_settings(s: &StatementInfo, inputs: &Inputs<'_>) -> bool {
         return true;
     };
     s.functions.iter().any(|f| {
-        let Some(i) = name_index(inputs.function_names, &f.schema, &f.name) else {
+        let Some(i) = name_index(&inputs.names.functions, &f.schema, &f.name) else {
             return true;
         };
         let mut overloads = facts
@@ -427,7 +469,7 @@ fn dml_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         return e;
     };
     for w in &s.writes {
-        let Some(i) = name_index(inputs.relation_names, &w.schema, &w.name) else {
+        let Some(i) = name_index(&inputs.names.relations, &w.schema, &w.name) else {
             e.database_wide = true;
             continue;
         };
@@ -473,7 +515,7 @@ fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal
     if s.sql_value_functions.iter().any(|f| f.is_time()) {
         return Err(Refusal::TimeFunction);
     }
-    let needs_facts = !s.reads.is_empty() || !s.functions.is_empty();
+    let needs_facts = !s.reads.is_empty() || !s.functions.is_empty() || !s.operators.is_empty();
     let facts = match inputs.facts {
         Some(f) => f,
         None if needs_facts => return Err(Refusal::CatalogUnavailable),
@@ -499,7 +541,7 @@ fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal
     }
     let mut tables = Vec::new();
     for r in &s.reads {
-        let i = name_index(inputs.relation_names, &r.schema, &r.name)
+        let i = name_index(&inputs.names.relations, &r.schema, &r.name)
             .ok_or(Refusal::UnknownRelation)?;
         if facts.unresolved.contains(&i) {
             return Err(Refusal::UnknownRelation);

@@ -105,11 +105,11 @@ pub async fn plan<C: Catalog>(
             return Ok((plan, shape.time_literal));
         }
     };
-    let (rels, fns) = plan::names_to_look_up(&analysis.statements);
+    let names = plan::names_to_look_up(&analysis.statements);
     let mut facts: Option<Facts> = None;
     let mut view_volatility = None;
     if let Some(catalog) = catalog.filter(|_| plan::needs_catalog(&analysis.statements)) {
-        facts = look_up(p, catalog, &rels, &fns).await?;
+        facts = look_up(p, catalog, &names).await?;
         if let Some(f) = &facts {
             view_volatility = view_function_volatility(p, catalog, f).await?;
         }
@@ -118,8 +118,7 @@ pub async fn plan<C: Catalog>(
     let excluded = |schema: &str, table: &str| p.config.table_excluded(schema, table);
     let inputs = plan::Inputs {
         facts: facts.as_ref(),
-        relation_names: &rels,
-        function_names: &fns,
+        names: &names,
         view_function_volatility: view_volatility,
         hints: &hints,
         excluded: &excluded,
@@ -169,18 +168,19 @@ pub fn plan_without_catalog(p: &Planning<'_>, text: &str) -> (Arc<Plan>, bool) {
 async fn look_up<C: Catalog>(
     p: &Planning<'_>,
     catalog: &mut C,
-    rels: &[(Option<String>, String)],
-    fns: &[(Option<String>, String)],
+    names: &plan::LookupNames,
 ) -> Result<Option<Facts>, C::Error> {
-    let r: Vec<catalog::Name<'_>> = rels
-        .iter()
-        .map(|(s, n)| (s.as_deref(), n.as_str()))
-        .collect();
-    let f: Vec<catalog::Name<'_>> = fns
-        .iter()
-        .map(|(s, n)| (s.as_deref(), n.as_str()))
-        .collect();
-    let Ok(sql) = catalog::lookup_query(&r, &f) else {
+    fn borrowed(list: &[(Option<String>, String)]) -> Vec<catalog::Name<'_>> {
+        list.iter()
+            .map(|(s, n)| (s.as_deref(), n.as_str()))
+            .collect()
+    }
+    let (r, f, o) = (
+        borrowed(&names.relations),
+        borrowed(&names.functions),
+        borrowed(&names.operators),
+    );
+    let Ok(sql) = catalog::lookup_query(&r, &f, &o) else {
         return Ok(None);
     };
     p.cache
@@ -191,14 +191,14 @@ async fn look_up<C: Catalog>(
     Ok(rows.and_then(|rows| catalog::parse_facts(&rows).ok()))
 }
 
-/// The worst volatility of the functions the views among `facts` call: `b'?'` when one
-/// cannot be resolved, `None` when no view is involved.
+/// The worst volatility of the functions (and user-defined operators) the views among `facts`
+/// call: `b'?'` when a function cannot be resolved, `None` when no view is involved.
 async fn view_function_volatility<C: Catalog>(
     p: &Planning<'_>,
     catalog: &mut C,
     facts: &Facts,
 ) -> Result<Option<u8>, C::Error> {
-    let mut fns: Vec<(Option<String>, String)> = Vec::new();
+    let mut names = plan::LookupNames::default();
     let mut any_view = false;
     for def in facts
         .relations
@@ -214,8 +214,9 @@ async fn view_function_volatility<C: Catalog>(
                 {
                     return Ok(Some(b'v'));
                 }
-                let (_, f) = plan::names_to_look_up(&a.statements);
-                fns.extend(f);
+                let found = plan::names_to_look_up(&a.statements);
+                names.functions.extend(found.functions);
+                names.operators.extend(found.operators);
             }
             Err(_) => return Ok(Some(b'?')),
         }
@@ -223,31 +224,25 @@ async fn view_function_volatility<C: Catalog>(
     if !any_view {
         return Ok(None);
     }
-    if fns.is_empty() {
+    if names.functions.is_empty() && names.operators.is_empty() {
         return Ok(Some(b'i'));
     }
-    fns.sort();
-    fns.dedup();
-    let Some(f) = look_up(p, catalog, &[], &fns).await? else {
+    for list in [&mut names.functions, &mut names.operators] {
+        list.sort();
+        list.dedup();
+    }
+    let Some(f) = look_up(p, catalog, &names).await? else {
         return Ok(Some(b'?'));
     };
-    let mut worst = b'i';
-    for i in 0..fns.len() {
-        let found: Vec<u8> = f
-            .functions
-            .iter()
-            .filter(|p| p.name_index == i)
-            .map(|p| p.volatility)
-            .collect();
-        if found.is_empty() {
-            return Ok(Some(b'?'));
-        }
-        for v in found {
-            if v == b'v' || (v == b's' && worst == b'i') {
-                worst = v;
-            }
-        }
+    if (0..names.functions.len()).any(|i| !f.functions.iter().any(|p| p.name_index == i)) {
+        return Ok(Some(b'?'));
     }
+    let worst = f
+        .functions
+        .iter()
+        .chain(&f.operators)
+        .map(|p| p.volatility)
+        .fold(b'i', plan::worse);
     Ok(Some(worst))
 }
 
@@ -299,13 +294,14 @@ mod tests {
         let (cache, config) = (Cache::new(1 << 20), Config::default());
         let db = cache.database("127.0.0.1", 5432, "test");
         let p = planning(&db, &cache, &config);
-        plan_without_catalog(&p, "SELECT 1 /* pgmemo:ttl=5s */ + 'a'");
+        // No names (operators are names too): planned completely without the catalog.
+        plan_without_catalog(&p, "SELECT 1 /* pgmemo:ttl=5s */, 'a'");
         let mut scratch = b"left over".to_vec();
-        assert!(memoized_with(&p, "SELECT 2 /* pgmemo:ttl=5s */ + 'b'", &mut scratch).is_some());
-        assert!(memoized_with(&p, "SELECT 2 + 'b'", &mut scratch).is_none());
-        assert!(memoized_with(&p, "SELECT 2 /* pgmemo:nocache */ + 'b'", &mut scratch).is_none());
-        assert_eq!(db.plans_for_shape(&[], "SELECT ?  + ?").len(), 0);
-        let shape = sql::shape("SELECT 1 /* pgmemo:ttl=5s */ + 'a'", true);
+        assert!(memoized_with(&p, "SELECT 2 /* pgmemo:ttl=5s */, 'b'", &mut scratch).is_some());
+        assert!(memoized_with(&p, "SELECT 2, 'b'", &mut scratch).is_none());
+        assert!(memoized_with(&p, "SELECT 2 /* pgmemo:nocache */, 'b'", &mut scratch).is_none());
+        let shape = sql::shape("SELECT 1 /* pgmemo:ttl=5s */, 'a'", true);
+        assert_eq!(db.plans_for_shape(&[], &shape.text).len(), 0);
         assert_eq!(
             db.plans_for_shape(&shape.hints, &shape.text).len(),
             1,
