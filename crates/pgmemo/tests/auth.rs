@@ -128,6 +128,57 @@ fn password_failed(user: &str) -> String {
     format!("password authentication failed for user \"{user}\"")
 }
 
+/// Asserts that `user` logs in through pgmemo with `password` and is who the server says.
+async fn assert_login(pgmemo: &PgmemoInstance, (user, password): (&str, &str)) {
+    let client = login(pgmemo.port(), user, Some(password), "postgres").await;
+    assert_current_user(&client, user).await;
+}
+
+/// Asserts that a login of `user` with `password` is refused as a wrong password (28P01 with
+/// PostgreSQL's message).
+async fn assert_password_refused(pgmemo: &PgmemoInstance, user: &str, password: &str) {
+    assert_refused(
+        pgmemo,
+        user,
+        password,
+        SqlState::INVALID_PASSWORD,
+        &password_failed(user),
+    )
+    .await;
+}
+
+/// Asserts that a login of `user` with `password` through pgmemo fails with `code` and
+/// `message`.
+async fn assert_refused(
+    pgmemo: &PgmemoInstance,
+    user: &str,
+    password: &str,
+    code: SqlState,
+    message: &str,
+) {
+    let got = login_error(pgmemo.port(), user, Some(password), "postgres").await;
+    assert_eq!(
+        got,
+        (code, message.to_owned()),
+        "login of {user} with password {password:?}"
+    );
+}
+
+/// SQL that creates a login role with a password for each password method: `scram` stored as
+/// a SCRAM verifier, `md5` as an md5 hash (stored under `password_encryption = 'md5'`, since a
+/// SCRAM verifier would make PostgreSQL use SCRAM for an md5 rule), `cleartext` for a
+/// `password` rule.
+fn password_roles(scram: (&str, &str), md5: (&str, &str), cleartext: (&str, &str)) -> String {
+    format!(
+        "CREATE ROLE {} LOGIN PASSWORD '{}';
+         SET password_encryption = 'md5';
+         CREATE ROLE {} LOGIN PASSWORD '{}';
+         RESET password_encryption;
+         CREATE ROLE {} LOGIN PASSWORD '{}';",
+        scram.0, scram.1, md5.0, md5.1, cleartext.0, cleartext.1
+    )
+}
+
 /// A userlist file in a fresh temp directory (kept alive by the returned `TempDir`).
 fn write_userlist(entries: &[(&str, String)]) -> (TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temp dir for the userlist");
@@ -173,13 +224,9 @@ async fn relay_cluster() -> TempPostgres {
         .await
         .expect("starting PostgreSQL");
     pg.psql(&format!(
-        "CREATE ROLE {} LOGIN PASSWORD '{}';
-         SET password_encryption = 'md5';
-         CREATE ROLE {} LOGIN PASSWORD '{}';
-         RESET password_encryption;
-         CREATE ROLE {} LOGIN PASSWORD '{}';
+        "{}
          CREATE ROLE {TRUST_USER} LOGIN;",
-        SCRAM_USER.0, SCRAM_USER.1, MD5_USER.0, MD5_USER.1, PW_USER.0, PW_USER.1
+        password_roles(SCRAM_USER, MD5_USER, PW_USER)
     ))
     .await;
     // The md5 role really has an md5 secret (else PostgreSQL would switch to SCRAM).
@@ -195,9 +242,7 @@ async fn check_relayed_password_login((user, password): (&str, &str)) {
     let pg = relay_cluster().await;
     let pgmemo = start_pgmemo(pgmemo_config_for(pg.port())).await;
 
-    let client = login(pgmemo.port(), user, Some(password), "postgres").await;
-    assert_current_user(&client, user).await;
-    drop(client);
+    assert_login(&pgmemo, (user, password)).await;
 
     let msg = assert_fails_like_direct(
         &pg,
@@ -222,8 +267,7 @@ async fn check_relayed_password_login((user, password): (&str, &str)) {
     assert_eq!(msg, "database \"no_such_db\" does not exist");
 
     // And a right password still works after the failures.
-    let client = login(pgmemo.port(), user, Some(password), "postgres").await;
-    assert_current_user(&client, user).await;
+    assert_login(&pgmemo, (user, password)).await;
 }
 
 #[tokio::test]
@@ -297,9 +341,7 @@ async fn relayed_pooled_connection_still_requires_the_password() {
     let pg = relay_cluster().await;
     let pgmemo = start_pgmemo(pgmemo_config_for(pg.port())).await;
     for (user, password) in [SCRAM_USER, MD5_USER, PW_USER] {
-        let client = login(pgmemo.port(), user, Some(password), "postgres").await;
-        assert_current_user(&client, user).await;
-        drop(client);
+        assert_login(&pgmemo, (user, password)).await;
         wait_idle(&pgmemo, user).await;
 
         let (code, msg) =
@@ -314,8 +356,7 @@ async fn relayed_pooled_connection_still_requires_the_password() {
             idle_for(&pgmemo, user) >= 1,
             "{user}: pooled connection lost"
         );
-        let client = login(pgmemo.port(), user, Some(password), "postgres").await;
-        assert_current_user(&client, user).await;
+        assert_login(&pgmemo, (user, password)).await;
     }
 }
 
@@ -337,8 +378,7 @@ async fn relayed_failed_logins_do_not_use_up_the_pool() {
         let (code, _) = login_error(pgmemo.port(), user, Some(password), "no_such_db").await;
         assert_eq!(code, SqlState::INVALID_CATALOG_NAME);
     }
-    let client = login(pgmemo.port(), user, Some(password), "postgres").await;
-    assert_current_user(&client, user).await;
+    assert_login(&pgmemo, (user, password)).await;
 }
 
 /// For a user the server trusts, the next client reuses the pooled server connection.
@@ -410,38 +450,18 @@ async fn local_setup(auth_type: AuthType) -> (TempPostgres, PgmemoInstance, Temp
     (pg, pgmemo, dir)
 }
 
-async fn assert_local_login(pgmemo: &PgmemoInstance, (user, password): (&str, &str)) {
-    let client = login(pgmemo.port(), user, Some(password), "postgres").await;
-    assert_current_user(&client, user).await;
-}
-
-async fn assert_local_refused(
-    pgmemo: &PgmemoInstance,
-    user: &str,
-    password: &str,
-    code: SqlState,
-    message: &str,
-) {
-    let got = login_error(pgmemo.port(), user, Some(password), "postgres").await;
-    assert_eq!(
-        got,
-        (code, message.to_owned()),
-        "login of {user} with password {password:?}"
-    );
-}
-
 #[tokio::test]
 async fn local_trust_needs_a_listed_user_only() {
     let (_pg, pgmemo, _dir) = local_setup(AuthType::Trust).await;
     for (user, password) in [LOCAL_PLAIN, LOCAL_MD5, LOCAL_SCRAM] {
         // trust asks no password: right, wrong and none all work for listed users.
-        assert_local_login(&pgmemo, (user, password)).await;
-        assert_local_login(&pgmemo, (user, "wrong-password")).await;
+        assert_login(&pgmemo, (user, password)).await;
+        assert_login(&pgmemo, (user, "wrong-password")).await;
         let client = login(pgmemo.port(), user, None, "postgres").await;
         assert_current_user(&client, user).await;
     }
     for user in [UNLISTED, "ghost"] {
-        assert_local_refused(
+        assert_refused(
             &pgmemo,
             user,
             "whatever",
@@ -458,25 +478,11 @@ async fn local_md5_checks_the_userlist() {
     // Plain and md5 entries through md5; a SCRAM entry makes pgmemo use SCRAM instead, as
     // PostgreSQL does for an md5 rule and a SCRAM verifier.
     for (user, password) in [LOCAL_PLAIN, LOCAL_MD5, LOCAL_SCRAM] {
-        assert_local_login(&pgmemo, (user, password)).await;
-        assert_local_refused(
-            &pgmemo,
-            user,
-            "wrong-password",
-            SqlState::INVALID_PASSWORD,
-            &password_failed(user),
-        )
-        .await;
+        assert_login(&pgmemo, (user, password)).await;
+        assert_password_refused(&pgmemo, user, "wrong-password").await;
     }
     for user in [UNLISTED, "ghost"] {
-        assert_local_refused(
-            &pgmemo,
-            user,
-            "whatever",
-            SqlState::INVALID_PASSWORD,
-            &password_failed(user),
-        )
-        .await;
+        assert_password_refused(&pgmemo, user, "whatever").await;
     }
 }
 
@@ -484,35 +490,14 @@ async fn local_md5_checks_the_userlist() {
 async fn local_scram_checks_the_userlist() {
     let (_pg, pgmemo, _dir) = local_setup(AuthType::ScramSha256).await;
     for (user, password) in [LOCAL_PLAIN, LOCAL_SCRAM] {
-        assert_local_login(&pgmemo, (user, password)).await;
-        assert_local_refused(
-            &pgmemo,
-            user,
-            "wrong-password",
-            SqlState::INVALID_PASSWORD,
-            &password_failed(user),
-        )
-        .await;
+        assert_login(&pgmemo, (user, password)).await;
+        assert_password_refused(&pgmemo, user, "wrong-password").await;
     }
     // An md5 secret cannot verify a SCRAM exchange, even with the right password (as in
     // PostgreSQL).
-    assert_local_refused(
-        &pgmemo,
-        LOCAL_MD5.0,
-        LOCAL_MD5.1,
-        SqlState::INVALID_PASSWORD,
-        &password_failed(LOCAL_MD5.0),
-    )
-    .await;
+    assert_password_refused(&pgmemo, LOCAL_MD5.0, LOCAL_MD5.1).await;
     for user in [UNLISTED, "ghost"] {
-        assert_local_refused(
-            &pgmemo,
-            user,
-            "whatever",
-            SqlState::INVALID_PASSWORD,
-            &password_failed(user),
-        )
-        .await;
+        assert_password_refused(&pgmemo, user, "whatever").await;
     }
 }
 
@@ -526,14 +511,7 @@ async fn local_pooled_connection_still_requires_the_password() {
     let pid = backend_pid(&client).await;
     drop(client);
     wait_idle(&pgmemo, user).await;
-    assert_local_refused(
-        &pgmemo,
-        user,
-        "wrong-password",
-        SqlState::INVALID_PASSWORD,
-        &password_failed(user),
-    )
-    .await;
+    assert_password_refused(&pgmemo, user, "wrong-password").await;
     let client = login(pgmemo.port(), user, Some(password), "postgres").await;
     assert_eq!(backend_pid(&client).await, pid, "pooled connection reused");
 }
@@ -567,19 +545,10 @@ async fn server_login_setup(auth_type: AuthType) -> (TempPostgres, PgmemoInstanc
         .await
         .expect("starting PostgreSQL");
     pg.psql(&format!(
-        "CREATE ROLE {} LOGIN PASSWORD '{}';
-         SET password_encryption = 'md5';
-         CREATE ROLE {} LOGIN PASSWORD '{}';
-         RESET password_encryption;
-         CREATE ROLE {} LOGIN PASSWORD '{}';
+        "{}
          CREATE ROLE {} LOGIN PASSWORD '{}';
          CREATE ROLE {} LOGIN PASSWORD '{SRV_STALE_SERVER_PW}';",
-        SRV_SCRAM.0,
-        SRV_SCRAM.1,
-        SRV_MD5.0,
-        SRV_MD5.1,
-        SRV_PW.0,
-        SRV_PW.1,
+        password_roles(SRV_SCRAM, SRV_MD5, SRV_PW),
         SRV_VERIFIER.0,
         SRV_VERIFIER.1,
         SRV_STALE.0
@@ -621,32 +590,15 @@ async fn check_server_login_with_held_credentials(auth_type: AuthType) {
         );
         // The client proves itself to pgmemo; pgmemo answers the server's SCRAM / md5 /
         // cleartext request with the password from the userlist.
-        let client = login(pgmemo.port(), user, Some(password), "postgres").await;
-        assert_current_user(&client, user).await;
-        drop(client);
+        assert_login(&pgmemo, (user, password)).await;
         // A wrong password is pgmemo's to refuse.
-        assert_local_refused(
-            &pgmemo,
-            user,
-            "wrong-password",
-            SqlState::INVALID_PASSWORD,
-            &password_failed(user),
-        )
-        .await;
+        assert_password_refused(&pgmemo, user, "wrong-password").await;
     }
 
     // Only a verifier in the userlist (as pg_authid stores it): pgmemo recovers the client's
     // SCRAM ClientKey from its proof and logs in to the server with it, as PgBouncer does.
     // (With auth_type = md5 pgmemo switches to SCRAM for a user whose secret is a verifier.)
-    let client = login(
-        pgmemo.port(),
-        SRV_VERIFIER.0,
-        Some(SRV_VERIFIER.1),
-        "postgres",
-    )
-    .await;
-    assert_current_user(&client, SRV_VERIFIER.0).await;
-    drop(client);
+    assert_login(&pgmemo, SRV_VERIFIER).await;
     // Once the server's verifier changes, the recovered keys no longer fit: the server's own
     // refusal reaches the client, promptly.
     pg.psql(&format!(
@@ -658,26 +610,11 @@ async fn check_server_login_with_held_credentials(auth_type: AuthType) {
         // Close the pooled connection so the next login must authenticate to the server.
         pool.close_idle().await;
     }
-    let (code, msg) = login_error(
-        pgmemo.port(),
-        SRV_VERIFIER.0,
-        Some(SRV_VERIFIER.1),
-        "postgres",
-    )
-    .await;
-    assert_eq!(
-        (code, msg),
-        (SqlState::INVALID_PASSWORD, password_failed(SRV_VERIFIER.0))
-    );
+    assert_password_refused(&pgmemo, SRV_VERIFIER.0, SRV_VERIFIER.1).await;
 
     // An outdated plain password: the server's own refusal reaches the client.
     for _ in 0..2 {
-        let (code, msg) =
-            login_error(pgmemo.port(), SRV_STALE.0, Some(SRV_STALE.1), "postgres").await;
-        assert_eq!(
-            (code, msg),
-            (SqlState::INVALID_PASSWORD, password_failed(SRV_STALE.0))
-        );
+        assert_password_refused(&pgmemo, SRV_STALE.0, SRV_STALE.1).await;
     }
     // (The server password is not what the client knows, so that one fails at pgmemo.)
     let (code, _) = login_error(

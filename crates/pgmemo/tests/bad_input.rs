@@ -4,15 +4,14 @@
 //! clients, and Terminate. pgmemo must answer as PostgreSQL does (a FATAL error with the right
 //! SQLSTATE, then close), never leak a server connection, and keep serving everyone else.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use testkit::{
-    assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo, LocalPostgres,
-    PgmemoInstance,
+    assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo, unique, within,
+    LocalPostgres, PgmemoInstance,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -26,26 +25,6 @@ const DB: &str = "test";
 const ANSWER_DEADLINE: Duration = Duration::from_secs(10);
 /// Upper bound for any single test; a hang fails instead of blocking the suite.
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
-
-async fn within<T>(fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(TEST_DEADLINE, fut)
-        .await
-        .expect("test did not finish in time")
-}
-
-fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        nanos,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 async fn pgmemo_with(change: impl FnOnce(&mut pgmemo::Config)) -> PgmemoInstance {
     let mut config = pgmemo_config_for(LocalPostgres::PORT);
@@ -220,6 +199,14 @@ impl Raw {
     }
 }
 
+/// Connects, sends `bytes` and asserts that pgmemo answers them with a FATAL error with `code`
+/// and closes the connection; returns the error.
+async fn fatal_after(addr: SocketAddr, bytes: &[u8], code: &str) -> ErrorResponse {
+    let mut raw = Raw::connect(addr).await;
+    raw.send(bytes).await;
+    raw.expect_fatal(code).await
+}
+
 /// The first column of a DataRow body, as text.
 fn first_column(body: &[u8]) -> Option<String> {
     let ncols = i16::from_be_bytes([body[0], body[1]]);
@@ -251,20 +238,11 @@ async fn backend_alive(pid: i32) -> bool {
 
 #[tokio::test]
 async fn garbage_instead_of_startup_packet() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
-        let mut raw = Raw::connect(pg.addr()).await;
-        raw.send(b"GET / HTTP/1.1\r\n\r\n").await;
-        let e = raw.expect_fatal("08P01").await;
+        let e = fatal_after(pg.addr(), b"GET / HTTP/1.1\r\n\r\n", "08P01").await;
         assert!(e.message.contains("startup packet"), "{e}");
-        assert!(
-            pg.handle()
-                .shared()
-                .stats
-                .protocol_errors
-                .load(Ordering::Relaxed)
-                >= 1
-        );
+        assert!(pg.stats().protocol_errors.load(Ordering::Relaxed) >= 1);
         serves_others(&pg).await;
     })
     .await
@@ -272,21 +250,17 @@ async fn garbage_instead_of_startup_packet() {
 
 #[tokio::test]
 async fn startup_packet_too_long() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
-        let mut raw = Raw::connect(pg.addr()).await;
         // Claims 20000 bytes (PostgreSQL's limit is 10000); only the header is sent, so pgmemo
         // must refuse on the length alone rather than wait for (or buffer) the body.
         let mut packet = 20_000u32.to_be_bytes().to_vec();
         packet.extend_from_slice(&(3u32 << 16).to_be_bytes());
-        raw.send(&packet).await;
-        let e = raw.expect_fatal("08P01").await;
+        let e = fatal_after(pg.addr(), &packet, "08P01").await;
         assert!(e.message.contains("length"), "{e}");
 
         // Lengths below the minimum are refused too.
-        let mut raw = Raw::connect(pg.addr()).await;
-        raw.send(&4u32.to_be_bytes()).await;
-        raw.expect_fatal("08P01").await;
+        fatal_after(pg.addr(), &4u32.to_be_bytes(), "08P01").await;
         serves_others(&pg).await;
     })
     .await
@@ -294,13 +268,11 @@ async fn startup_packet_too_long() {
 
 #[tokio::test]
 async fn protocol_2_is_refused() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
-        let mut raw = Raw::connect(pg.addr()).await;
         let mut packet = startup(0, &login_params());
         packet[4..8].copy_from_slice(&(2u32 << 16).to_be_bytes());
-        raw.send(&packet).await;
-        let e = raw.expect_fatal("0A000").await;
+        let e = fatal_after(pg.addr(), &packet, "0A000").await;
         assert!(
             e.message.contains("unsupported frontend protocol 2.0"),
             "{e}"
@@ -311,7 +283,7 @@ async fn protocol_2_is_refused() {
 
 #[tokio::test]
 async fn newer_minor_version_and_protocol_options_are_negotiated() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let mut raw = Raw::connect(pg.addr()).await;
         let mut params = login_params();
@@ -335,16 +307,14 @@ async fn newer_minor_version_and_protocol_options_are_negotiated() {
         assert_eq!(raw.query_value("SELECT 1 + 1").await, "2");
 
         // 3.0 without protocol options gets no NegotiateProtocolVersion.
-        let mut plain = Raw::connect(pg.addr()).await;
-        plain.send(&startup(0, &login_params())).await;
-        plain.finish_login().await;
+        Raw::login(pg.addr()).await;
     })
     .await
 }
 
 #[tokio::test]
 async fn ssl_request_without_tls_is_declined_then_startup_works() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let mut raw = Raw::connect(pg.addr()).await;
         raw.send(&request_code(SSL_REQUEST)).await;
@@ -358,7 +328,7 @@ async fn ssl_request_without_tls_is_declined_then_startup_works() {
 
 #[tokio::test]
 async fn gssenc_request_is_declined_then_startup_works() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let mut raw = Raw::connect(pg.addr()).await;
         raw.send(&request_code(GSSENC_REQUEST)).await;
@@ -375,14 +345,12 @@ async fn gssenc_request_is_declined_then_startup_works() {
 
 #[tokio::test]
 async fn replication_connections_are_refused() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         for value in ["database", "true"] {
-            let mut raw = Raw::connect(pg.addr()).await;
             let mut params = login_params();
             params.push(("replication", value));
-            raw.send(&startup(0, &params)).await;
-            let e = raw.expect_fatal("0A000").await;
+            let e = fatal_after(pg.addr(), &startup(0, &params), "0A000").await;
             assert!(e.message.contains("replication"), "{e}");
         }
         // replication=false is an ordinary session.
@@ -397,38 +365,27 @@ async fn replication_connections_are_refused() {
 
 #[tokio::test]
 async fn missing_user_is_refused() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
-        let mut raw = Raw::connect(pg.addr()).await;
-        raw.send(&startup(0, &[("database", DB)])).await;
-        let e = raw.expect_fatal("28000").await;
+        let e = fatal_after(pg.addr(), &startup(0, &[("database", DB)]), "28000").await;
         assert!(e.message.contains("user"), "{e}");
 
-        let mut raw = Raw::connect(pg.addr()).await;
-        raw.send(&startup(0, &[("user", ""), ("database", DB)]))
-            .await;
-        raw.expect_fatal("28000").await;
+        let empty_user = startup(0, &[("user", ""), ("database", DB)]);
+        fatal_after(pg.addr(), &empty_user, "28000").await;
     })
     .await
 }
 
 #[tokio::test]
 async fn message_length_below_four_after_login() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let mut raw = Raw::login(pg.addr()).await;
         assert_eq!(raw.query_value("SELECT 'ok'").await, "ok");
         raw.send(b"Q\0\0\0\x02").await;
         let e = raw.expect_fatal("08P01").await;
         assert!(e.message.contains("length"), "{e}");
-        assert!(
-            pg.handle()
-                .shared()
-                .stats
-                .protocol_errors
-                .load(Ordering::Relaxed)
-                >= 1
-        );
+        assert!(pg.stats().protocol_errors.load(Ordering::Relaxed) >= 1);
         serves_others(&pg).await;
     })
     .await
@@ -436,7 +393,7 @@ async fn message_length_below_four_after_login() {
 
 #[tokio::test]
 async fn message_longer_than_max_message_size() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo_with(|c| c.max_message_size = pgmemo::config::ByteSize(1 << 20)).await;
         let mut raw = Raw::login(pg.addr()).await;
         // Just below the limit is fine.
@@ -456,7 +413,7 @@ async fn message_longer_than_max_message_size() {
 
 #[tokio::test]
 async fn truncated_message_then_disconnect_does_not_leak_the_server_connection() {
-    within(async {
+    within(TEST_DEADLINE, async {
         // The pass-through relay forwards a message's bytes as they arrive, so the server holds
         // half a message when the client vanishes. (With the cache on, requests are read whole
         // before they are routed, and the server never sees the partial one.)
@@ -498,21 +455,14 @@ async fn truncated_message_then_disconnect_does_not_leak_the_server_connection()
             || async move { !backend_alive(pid).await },
         )
         .await;
-        assert!(
-            pg.handle()
-                .shared()
-                .stats
-                .servers_closed_dirty
-                .load(Ordering::Relaxed)
-                >= 1
-        );
+        assert!(pg.stats().servers_closed_dirty.load(Ordering::Relaxed) >= 1);
     })
     .await
 }
 
 #[tokio::test]
 async fn silent_client_is_closed_after_login_timeout() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo_with(|c| {
             c.client_login_timeout = pgmemo::config::Seconds(Duration::from_millis(300));
         })
@@ -545,23 +495,14 @@ async fn silent_client_is_closed_after_login_timeout() {
 
 #[tokio::test]
 async fn max_client_conn_refuses_the_third_client() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo_with(|c| c.max_client_conn = 2).await;
         let first = pg.client(USER, DB).await;
         let mut second = Raw::login(pg.addr()).await;
 
-        let mut third = Raw::connect(pg.addr()).await;
-        third.send(&startup(0, &login_params())).await;
-        let e = third.expect_fatal("53300").await;
+        let e = fatal_after(pg.addr(), &startup(0, &login_params()), "53300").await;
         assert!(e.message.contains("too many clients"), "{e}");
-        assert!(
-            pg.handle()
-                .shared()
-                .stats
-                .clients_rejected
-                .load(Ordering::Relaxed)
-                >= 1
-        );
+        assert!(pg.stats().clients_rejected.load(Ordering::Relaxed) >= 1);
 
         // The two admitted clients are unaffected.
         let v: i32 = first.query_one("SELECT 1", &[]).await.unwrap().get(0);
@@ -585,7 +526,7 @@ async fn max_client_conn_refuses_the_third_client() {
 
 #[tokio::test]
 async fn terminate_mid_session_closes_cleanly() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo_with(|c| c.pool_size = 1).await;
         let table = unique("pm_term");
         let mut raw = Raw::login(pg.addr()).await;
@@ -637,37 +578,26 @@ async fn terminate_mid_session_closes_cleanly() {
         assert_eq!(status, TransactionStatus::Idle);
         next.send(&frontend::terminate()).await;
         next.expect_closed().await;
-        assert_eq!(
-            pg.handle()
-                .shared()
-                .stats
-                .servers_closed_dirty
-                .load(Ordering::Relaxed),
-            0
-        );
+        assert_eq!(pg.stats().servers_closed_dirty.load(Ordering::Relaxed), 0);
     })
     .await
 }
 
 #[tokio::test]
 async fn malformed_startup_packets() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         // Parameters without the final terminator.
         let mut packet = 14u32.to_be_bytes().to_vec();
         packet.extend_from_slice(&(3u32 << 16).to_be_bytes());
         packet.extend_from_slice(b"user\0a");
-        let mut raw = Raw::connect(pg.addr()).await;
-        raw.send(&packet).await;
-        raw.expect_fatal("08P01").await;
+        fatal_after(pg.addr(), &packet, "08P01").await;
 
         // A CancelRequest code with the wrong length.
         let mut packet = 12u32.to_be_bytes().to_vec();
         packet.extend_from_slice(&80877102u32.to_be_bytes());
         packet.extend_from_slice(&[0, 0, 0, 1]);
-        let mut raw = Raw::connect(pg.addr()).await;
-        raw.send(&packet).await;
-        raw.expect_fatal("08P01").await;
+        fatal_after(pg.addr(), &packet, "08P01").await;
         serves_others(&pg).await;
     })
     .await
@@ -675,7 +605,7 @@ async fn malformed_startup_packets() {
 
 #[tokio::test]
 async fn cancel_request_with_unknown_key_is_closed_silently() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let mut raw = Raw::connect(pg.addr()).await;
         let mut packet = 16u32.to_be_bytes().to_vec();
@@ -685,14 +615,7 @@ async fn cancel_request_with_unknown_key_is_closed_silently() {
         raw.send(&packet).await;
         // PostgreSQL never answers a CancelRequest; it just closes.
         raw.expect_closed().await;
-        assert_eq!(
-            pg.handle()
-                .shared()
-                .stats
-                .cancel_requests
-                .load(Ordering::Relaxed),
-            1
-        );
+        assert_eq!(pg.stats().cancel_requests.load(Ordering::Relaxed), 1);
         serves_others(&pg).await;
     })
     .await
@@ -700,7 +623,7 @@ async fn cancel_request_with_unknown_key_is_closed_silently() {
 
 #[tokio::test]
 async fn query_sent_together_with_the_startup_packet() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let mut raw = Raw::connect(pg.addr()).await;
         let mut bytes = startup(0, &login_params());
@@ -723,7 +646,7 @@ async fn query_sent_together_with_the_startup_packet() {
 
 #[tokio::test]
 async fn unknown_message_type_after_login() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo_with(|c| {
             c.pool_size = 1;
             c.query_wait_timeout = pgmemo::config::Seconds(Duration::from_secs(2));

@@ -6,54 +6,13 @@
 mod cache_support;
 mod raw;
 
-use cache_support::{admin_rows, first, show_cache};
+use cache_support::{admin_rows, first, served_from_cache, setup_with, show_cache};
 use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
+/// [`setup_with`] pgmemo's default configuration (session pooling).
 async fn setup() -> (TempPostgres, PgmemoInstance, Client) {
     setup_with(|_| {}).await
-}
-
-/// [`setup`] with pgmemo's configuration adjusted by `adjust`.
-async fn setup_with(
-    adjust: impl FnOnce(&mut pgmemo::config::Config),
-) -> (TempPostgres, PgmemoInstance, Client) {
-    let pg = TempPostgres::builder()
-        .start()
-        .await
-        .expect("cluster starts");
-    pg.psql(
-        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT '2024-01-01 12:00Z');
-         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
-    )
-    .await;
-    let mut config = pgmemo_config_for(pg.port());
-    adjust(&mut config);
-    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
-    let direct = pg.client("postgres", "postgres").await;
-    (pg, memo, direct)
-}
-
-/// Runs `sql` twice through pgmemo, changes `t` directly, and tells whether pgmemo still
-/// answers with the value from before the change (served from the cache).
-async fn served_from_cache(memo: &Client, direct: &Client, sql: &str) -> bool {
-    let before = first(memo, sql).await;
-    assert_eq!(
-        first(memo, sql).await,
-        before,
-        "{sql}: stable while nothing changes"
-    );
-    direct
-        .batch_execute("UPDATE t SET v = v || '+', ts = ts + interval '1 hour'")
-        .await
-        .unwrap();
-    let after = first(memo, sql).await;
-    let fresh = first(direct, sql).await;
-    if after == before && after != fresh {
-        return true;
-    }
-    assert_eq!(after, fresh, "{sql}: an uncached read must be fresh");
-    false
 }
 
 #[tokio::test]
@@ -118,26 +77,9 @@ async fn transactions_commit_invalidates_rollback_does_not_and_written_reads_byp
     let (_pg, memo, direct) = setup().await;
     let c = memo.client("postgres", "postgres").await;
     let q = "SELECT v FROM t WHERE id = 2";
-    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
-    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
-
-    // A transaction that wrote reads its own write, not the cache.
-    c.batch_execute("BEGIN; UPDATE t SET v = 'mine' WHERE id = 2")
-        .await
-        .unwrap();
-    assert_eq!(first(&c, q).await.as_deref(), Some("mine"));
-    // Meanwhile the server's value changes behind pgmemo's back; the rollback must not
-    // invalidate, so the cached 'two' is still served afterwards.
-    c.batch_execute("ROLLBACK").await.unwrap();
-    direct
-        .batch_execute("UPDATE t SET v = 'behind' WHERE id = 2")
-        .await
-        .unwrap();
-    assert_eq!(
-        first(&c, q).await.as_deref(),
-        Some("two"),
-        "rollback invalidated nothing"
-    );
+    // A transaction that wrote reads its own write, not the cache; a rollback invalidates
+    // nothing.
+    cache_support::a_rollback_invalidates_nothing(&c, &direct).await;
 
     // A committed write invalidates.
     c.batch_execute("BEGIN; UPDATE t SET v = 'committed' WHERE id = 2; COMMIT")
@@ -218,6 +160,70 @@ async fn reads_that_must_not_be_cached_are_not() {
     assert!(served_from_cache(&c, &direct, "SELECT upper(v) FROM t WHERE id = 1").await);
 }
 
+/// Operators are function calls: a user-defined one over a volatile or stable function keeps
+/// a read out of the cache (also inside a view), with the reason EXPLAIN CACHE gives.
+#[tokio::test]
+async fn user_defined_operators_are_checked_for_volatility() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE FUNCTION vol_add(int, int) RETURNS int VOLATILE LANGUAGE sql AS 'SELECT $1 + $2';
+         CREATE OPERATOR +# (LEFTARG = int, RIGHTARG = int, FUNCTION = vol_add);
+         CREATE FUNCTION stable_cat(text, text) RETURNS text STABLE LANGUAGE sql AS 'SELECT $1 || $2';
+         CREATE OPERATOR ||| (LEFTARG = text, RIGHTARG = text, FUNCTION = stable_cat);
+         CREATE FUNCTION imm_cat(text, text) RETURNS text IMMUTABLE LANGUAGE sql AS 'SELECT $1 || $2';
+         CREATE OPERATOR &&& (LEFTARG = text, RIGHTARG = text, FUNCTION = imm_cat);
+         CREATE VIEW stable_view AS SELECT id, v ||| '' AS w FROM t;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    for (sql, reason) in [
+        ("SELECT v FROM t WHERE id +# 0 = 1", "volatile_function"),
+        ("SELECT v ||| '!' FROM t WHERE id = 1", "stable_function"),
+        (
+            "SELECT v OPERATOR(public.|||) '!' FROM t WHERE id = 1",
+            "stable_function",
+        ),
+        ("SELECT w FROM stable_view WHERE id = 1", "stable_function"),
+    ] {
+        assert!(
+            !served_from_cache(&c, &direct, sql).await,
+            "{sql} was cached"
+        );
+        let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {sql}")).await;
+        assert_eq!(
+            explained[0][4].as_deref(),
+            Some(reason),
+            "{sql}: {explained:?}"
+        );
+    }
+    // Immutable user-defined operators and the built-in ones are fine.
+    assert!(served_from_cache(&c, &direct, "SELECT v &&& '!' FROM t WHERE id = 1").await);
+    assert!(served_from_cache(&c, &direct, "SELECT v || '!' FROM t WHERE id + 0 = 1").await);
+}
+
+/// A volatile operator may write: a read it makes stale must not be served afterwards.
+#[tokio::test]
+async fn a_volatile_operator_that_writes_invalidates() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE counter (n int); INSERT INTO counter VALUES (0);
+         CREATE FUNCTION bump(int, int) RETURNS int VOLATILE LANGUAGE sql
+           AS 'UPDATE counter SET n = n + $2; SELECT $1';
+         CREATE OPERATOR #+ (LEFTARG = int, RIGHTARG = int, FUNCTION = bump);",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT n FROM counter";
+    assert_eq!(first(&c, q).await.as_deref(), Some("0"));
+    assert_eq!(first(&c, q).await.as_deref(), Some("0"));
+    assert_eq!(first(&c, "SELECT 1 #+ 5").await.as_deref(), Some("1"));
+    assert_eq!(
+        first(&c, q).await.as_deref(),
+        Some("5"),
+        "the operator's write left a stale result"
+    );
+}
+
 #[tokio::test]
 async fn session_switch_turns_the_cache_off_for_one_session() {
     let (_pg, memo, direct) = setup().await;
@@ -295,22 +301,9 @@ async fn roles_search_paths_and_time_zones_never_share_a_result() {
         Some("in a!")
     );
 
-    let z1 = memo.client("reader", "postgres").await;
-    let z2 = memo.client("reader", "postgres").await;
-    z1.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
-    z2.batch_execute("SET TimeZone = 'Asia/Tokyo'")
-        .await
-        .unwrap();
-    let tq = "SELECT ts::text FROM t WHERE id = 1";
+    let (z1, z2) = cache_support::utc_and_tokyo(&memo, "reader").await;
     for _ in 0..2 {
-        assert_eq!(
-            first(&z1, tq).await.as_deref(),
-            Some("2024-01-01 12:00:00+00")
-        );
-        assert_eq!(
-            first(&z2, tq).await.as_deref(),
-            Some("2024-01-01 21:00:00+09")
-        );
+        cache_support::assert_ts_in_each_zone(&z1, &z2).await;
     }
 }
 
@@ -681,12 +674,7 @@ async fn the_store_stays_within_its_byte_limit() {
 /// ([`cache_support::reads_never_stale`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reads_and_writes_never_see_stale_values() {
-    let pg = TempPostgres::builder()
-        .start()
-        .await
-        .expect("cluster starts");
-    pg.psql("CREATE TABLE kv (k int PRIMARY KEY, v bigint NOT NULL); INSERT INTO kv SELECT g, 0 FROM generate_series(0, 19) g;")
-        .await;
+    let pg = cache_support::kv_cluster().await;
     let memo = spawn_pgmemo(pgmemo_config_for(pg.port())).await.unwrap();
     let (reads, writes) =
         cache_support::reads_never_stale(&memo, 16, std::time::Duration::from_secs(20)).await;

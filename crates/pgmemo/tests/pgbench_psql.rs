@@ -6,53 +6,15 @@
 //! Each test has its own cluster, so the pgbench tables and the psql objects clash with nothing.
 
 use std::path::Path;
-use std::process::Output;
 use std::time::Duration;
 
 use pgmemo::Config;
-use testkit::{pg_bin, pgmemo_config_for, spawn_pgmemo, TempPostgres};
-use tokio::process::Command;
+use testkit::{
+    assert_pgbench_report, pg_client, pgmemo_config_for, run_ok, spawn_pgmemo, TempPostgres,
+};
 
 /// Upper bound for one client program run (pgbench runs 5 s).
 const RUN_LIMIT: Duration = Duration::from_secs(120);
-
-/// A PostgreSQL client program with the test environment's `PG*` variables removed, so only
-/// the arguments decide where it connects.
-fn pg_client(program: &str) -> Command {
-    let mut cmd = Command::new(pg_bin(program));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PG") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
-    cmd
-}
-
-/// Runs `cmd` within [`RUN_LIMIT`] and returns its output; panics (showing stdout and stderr)
-/// if it fails.
-async fn run(mut cmd: Command, what: &str) -> Output {
-    let out = tokio::time::timeout(RUN_LIMIT, cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {RUN_LIMIT:?}"))
-        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-    if !out.status.success() {
-        panic!(
-            "{what} failed ({})\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    out
-}
-
-/// The number after `label` on the line that starts with it (`"number of failed
-/// transactions: 0 (0.000%)"` → 0).
-fn number_after(report: &str, label: &str) -> Option<u64> {
-    let line = report.lines().find(|l| l.starts_with(label))?;
-    line[label.len()..].split_whitespace().next()?.parse().ok()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pgbench_runs_cleanly_in_every_query_mode() {
@@ -61,7 +23,7 @@ async fn pgbench_runs_cleanly_in_every_query_mode() {
     let mut init = pg_client("pgbench");
     init.args(["-i", "-s", "1", "-q", "-h", "127.0.0.1", "-p", &port])
         .args(["-U", "postgres", "postgres"]);
-    run(init, "pgbench -i").await;
+    run_ok(init, "pgbench -i", RUN_LIMIT).await;
 
     let pgmemo = spawn_pgmemo(Config {
         pool_size: 10,
@@ -89,20 +51,8 @@ async fn pgbench_runs_cleanly_in_every_query_mode() {
             .args(["-M", mode, "-c", "8", "-j", "2", "-T", "5", "-n"])
             .args(["-h", "127.0.0.1", "-p", &pgmemo_port, "-U", "postgres"])
             .arg("postgres");
-        let out = run(bench, &format!("pgbench -M {mode}")).await;
-        let report = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let processed = number_after(&report, "number of transactions actually processed:");
-        let failed = number_after(&report, "number of failed transactions:");
-        assert_eq!(failed, Some(0), "-M {mode}:\n{report}\n{stderr}");
-        assert!(
-            processed.is_some_and(|n| n > 0),
-            "-M {mode}:\n{report}\n{stderr}"
-        );
-        assert!(
-            report.contains(&format!("query mode: {mode}")),
-            "-M {mode}:\n{report}"
-        );
+        let out = run_ok(bench, &format!("pgbench -M {mode}"), RUN_LIMIT).await;
+        assert_pgbench_report(&out, mode);
         let after = value(through.simple_query(total).await.unwrap());
         assert_eq!(
             after,
@@ -177,7 +127,7 @@ async fn run_psql(port: u16, script: &Path) -> (String, String) {
             "-f",
         ])
         .arg(script);
-    let out = run(psql, "psql").await;
+    let out = run_ok(psql, "psql", RUN_LIMIT).await;
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

@@ -14,10 +14,9 @@ use testkit::backend_pid;
 use pgmemo::config::Seconds;
 use pgmemo::Config;
 use testkit::{
-    assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo, LocalPostgres,
-    PgmemoInstance, PgmemoProcess, TempPostgres,
+    assert_eventually, connect_watched, eventually_some, pgmemo_config_for, spawn_pgmemo, sqlstate,
+    LocalPostgres, PgmemoInstance, PgmemoProcess, TempPostgres,
 };
-use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
 /// Database on the shared local server.
@@ -54,16 +53,6 @@ fn table(what: &str) -> String {
     format!("pooling_{what}_{}", std::process::id())
 }
 
-/// A client whose connection task the test keeps: aborting it drops the socket without a
-/// Terminate message (a client that crashed), and awaiting it yields the error that ended the
-/// connection (e.g. the FATAL sent at shutdown).
-async fn connect_watched(url: &str) -> (Client, JoinHandle<Result<(), tokio_postgres::Error>>) {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
-    (client, tokio::spawn(connection))
-}
-
 /// The error of a connection attempt that must fail, within `SOON`.
 async fn connect_error(url: &str) -> tokio_postgres::Error {
     let attempt = tokio::time::timeout(SOON, tokio_postgres::connect(url, NoTls))
@@ -73,10 +62,6 @@ async fn connect_error(url: &str) -> tokio_postgres::Error {
         Ok(_) => panic!("connecting to {url} succeeded, expected an error"),
         Err(e) => e,
     }
-}
-
-fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
-    e.code().map(|c| c.code())
 }
 
 /// Whether a backend with this PID is still connected to the server `direct` talks to.
@@ -461,9 +446,7 @@ async fn upstream_down_gives_08006_quickly_and_recovers() {
     .await;
     // Same instance throughout: it counted the failed connect and keeps serving.
     let failures = pgmemo
-        .handle()
-        .shared()
-        .stats
+        .stats()
         .server_connect_failures
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(failures >= 1);

@@ -5,51 +5,51 @@
 //! uses its own uniquely named objects, so the tests run in parallel with everything else.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use testkit::{
-    assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo, LocalPostgres,
-    PgmemoInstance,
+    assert_eventually, eventually_some, pg_sleep_running, pgmemo_config_for, rows, spawn_pgmemo,
+    sqlstate, unique, within, LocalPostgres, PgmemoInstance,
 };
 use tokio::sync::mpsc;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, SimpleQueryMessage, Socket};
+use tokio_postgres::{
+    AsyncMessage, Client, Connection, CopyInSink, NoTls, SimpleQueryMessage, Socket,
+};
 
 const USER: &str = "postgres";
 const DB: &str = "test";
 /// Upper bound for any single test; a hang fails instead of blocking the suite.
 const TEST_DEADLINE: Duration = Duration::from_secs(120);
 
-/// A name no other test (in this or another process) uses.
-fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        nanos,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn within<T>(fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(TEST_DEADLINE, fut)
-        .await
-        .expect("test did not finish in time")
-}
-
 async fn pgmemo() -> PgmemoInstance {
     spawn_pgmemo(pgmemo_config_for(LocalPostgres::PORT))
         .await
         .expect("pgmemo starts")
+}
+
+/// [`pgmemo`] and one client through it, how most tests here begin.
+async fn pgmemo_and_client() -> (PgmemoInstance, Client) {
+    let pg = pgmemo().await;
+    let client = pg.client(USER, DB).await;
+    (pg, client)
+}
+
+/// `SELECT count(*)` of table `t`.
+async fn count(client: &Client, t: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {t}");
+    client.query_one(&sql, &[]).await.unwrap().get(0)
+}
+
+/// `COPY t FROM STDIN` started on `client`. Dropping the sink unfinished sends CopyFail.
+async fn copy_in(client: &Client, t: &str) -> Pin<Box<CopyInSink<Bytes>>> {
+    let sink = client.copy_in(&format!("COPY {t} FROM STDIN")).await;
+    Box::pin(sink.unwrap())
 }
 
 type PgConnection = Connection<Socket, NoTlsStream>;
@@ -101,20 +101,6 @@ async fn drive<T>(conn: &mut PgConnection, fut: impl Future<Output = T>) -> T {
     .await
 }
 
-fn rows(messages: &[SimpleQueryMessage]) -> Vec<Vec<Option<String>>> {
-    messages
-        .iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                (0..r.len())
-                    .map(|i| r.get(i).map(str::to_owned))
-                    .collect::<Vec<_>>(),
-            ),
-            _ => None,
-        })
-        .collect()
-}
-
 fn command_counts(messages: &[SimpleQueryMessage]) -> Vec<u64> {
     messages
         .iter()
@@ -125,15 +111,10 @@ fn command_counts(messages: &[SimpleQueryMessage]) -> Vec<u64> {
         .collect()
 }
 
-fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
-    e.code().map(SqlState::code)
-}
-
 #[tokio::test]
 async fn simple_query_single_and_multi_statement() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         let t = unique("pm_simple");
 
         let one = client
@@ -191,9 +172,8 @@ async fn simple_query_single_and_multi_statement() {
 
 #[tokio::test]
 async fn extended_query_with_parameters() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
 
         let row = client
             .query_one(
@@ -242,9 +222,8 @@ async fn extended_query_with_parameters() {
 
 #[tokio::test]
 async fn pipelined_queries_return_in_order() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         let stmt = client
             .prepare("SELECT $1::int4 * 2, pg_backend_pid()")
             .await
@@ -281,9 +260,8 @@ async fn pipelined_queries_return_in_order() {
 
 #[tokio::test]
 async fn text_and_binary_result_formats() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         client.simple_query("SET TimeZone = 'UTC'").await.unwrap();
         let sql = "SELECT 9223372036854775807::int8, -1.5::float8, 'tab\there'::text, \
                    '\\x0001ff'::bytea, 12345678901234567890.123456789::numeric::text, \
@@ -376,9 +354,8 @@ fn copy_rows(target_bytes: usize) -> (Vec<u8>, u64, i64, i64) {
 
 #[tokio::test]
 async fn copy_in_10mb_and_copy_out() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         let t = unique("pm_copy");
         client
             .batch_execute(&format!("CREATE TEMP TABLE {t} (id int8, payload text)"))
@@ -386,11 +363,7 @@ async fn copy_in_10mb_and_copy_out() {
             .unwrap();
 
         let (data, expected_rows, id_sum, payload_len) = copy_rows(10 << 20);
-        let sink = client
-            .copy_in::<_, Bytes>(&format!("COPY {t} FROM STDIN"))
-            .await
-            .unwrap();
-        let mut sink = std::pin::pin!(sink);
+        let mut sink = copy_in(&client, &t).await;
         for chunk in data.chunks(64 * 1024) {
             sink.send(Bytes::copy_from_slice(chunk)).await.unwrap();
         }
@@ -437,12 +410,7 @@ async fn copy_in_10mb_and_copy_out() {
         );
 
         // The session is in a clean state afterwards.
-        let n: i64 = client
-            .query_one(&format!("SELECT count(*) FROM {t}"), &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(n as u64, expected_rows);
+        assert_eq!(count(&client, &t).await as u64, expected_rows);
         client
             .batch_execute(&format!("DROP TABLE {t}"))
             .await
@@ -453,9 +421,8 @@ async fn copy_in_10mb_and_copy_out() {
 
 #[tokio::test]
 async fn copy_in_error_and_copy_fail_leave_session_usable() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         let t = unique("pm_copyerr");
         client
             .batch_execute(&format!("CREATE TEMP TABLE {t} (id int8)"))
@@ -463,11 +430,7 @@ async fn copy_in_error_and_copy_fail_leave_session_usable() {
             .unwrap();
 
         // Bad data: the server fails the COPY.
-        let sink = client
-            .copy_in::<_, Bytes>(&format!("COPY {t} FROM STDIN"))
-            .await
-            .unwrap();
-        let mut sink = std::pin::pin!(sink);
+        let mut sink = copy_in(&client, &t).await;
         sink.send(Bytes::from_static(b"1\nnot a number\n"))
             .await
             .ok();
@@ -476,26 +439,17 @@ async fn copy_in_error_and_copy_fail_leave_session_usable() {
 
         // Client abort: dropping the sink sends CopyFail.
         {
-            let sink = client
-                .copy_in::<_, Bytes>(&format!("COPY {t} FROM STDIN"))
-                .await
-                .unwrap();
-            let mut sink = std::pin::pin!(sink);
+            let mut sink = copy_in(&client, &t).await;
             sink.send(Bytes::from_static(b"1\n2\n")).await.unwrap();
         }
-        let n: i64 = client
-            .query_one(&format!("SELECT count(*) FROM {t}"), &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(n, 0);
+        assert_eq!(count(&client, &t).await, 0);
     })
     .await
 }
 
 #[tokio::test]
 async fn listen_notify_between_two_clients() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let (listener, mut messages) = client_with_messages(&pg).await;
         let notifier = pg.client(USER, DB).await;
@@ -556,7 +510,7 @@ async fn listen_notify_between_two_clients() {
 
 #[tokio::test]
 async fn notices_are_delivered() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let (client, mut messages) = client_with_messages(&pg).await;
         client
@@ -588,7 +542,7 @@ async fn notices_are_delivered() {
 
 #[tokio::test]
 async fn cancel_interrupts_a_running_query_quickly() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let app = unique("pm_cancel");
         let url = format!("{}?application_name={app}", pg.url(USER, DB));
@@ -601,18 +555,7 @@ async fn cancel_interrupts_a_running_query_quickly() {
             (r.map(|_| ()), Instant::now(), client)
         });
         assert_eventually(Duration::from_secs(10), "pg_sleep is running", || {
-            let direct = &direct;
-            let app = &app;
-            async move {
-                direct
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-                         AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
-                        &[app],
-                    )
-                    .await
-                    .is_ok_and(|r| r.get::<_, i64>(0) == 1)
-            }
+            pg_sleep_running(&direct, &app)
         })
         .await;
 
@@ -627,21 +570,14 @@ async fn cancel_interrupts_a_running_query_quickly() {
         // The session survives a cancel.
         let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
         assert_eq!(one, 1);
-        assert_eq!(
-            pg.handle()
-                .shared()
-                .stats
-                .cancel_requests
-                .load(Ordering::Relaxed),
-            1
-        );
+        assert_eq!(pg.stats().cancel_requests.load(Ordering::Relaxed), 1);
     })
     .await
 }
 
 #[tokio::test]
 async fn cancel_only_hits_the_session_it_names() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let app = unique("pm_nocancel");
         let url = format!("{}?application_name={app}", pg.url(USER, DB));
@@ -655,17 +591,7 @@ async fn cancel_only_hits_the_session_it_names() {
                 .map(|_| ())
         });
         assert_eventually(Duration::from_secs(10), "pg_sleep is running", || {
-            let (direct, app) = (&direct, &app);
-            async move {
-                direct
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-                         AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
-                        &[app],
-                    )
-                    .await
-                    .is_ok_and(|r| r.get::<_, i64>(0) == 1)
-            }
+            pg_sleep_running(&direct, &app)
         })
         .await;
         // Cancelling the idle session must not touch the busy one.
@@ -682,9 +608,8 @@ async fn cancel_only_hits_the_session_it_names() {
 
 #[tokio::test]
 async fn error_in_the_middle_of_a_pipeline() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         let pid: i32 = client
             .query_one("SELECT pg_backend_pid()", &[])
             .await
@@ -738,7 +663,7 @@ async fn error_in_the_middle_of_a_pipeline() {
 
 #[tokio::test]
 async fn transactions_rollback_and_commit() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let mut client = pg.client(USER, DB).await;
         let observer = pg.client(USER, DB).await;
@@ -747,11 +672,6 @@ async fn transactions_rollback_and_commit() {
             .batch_execute(&format!("CREATE TABLE {t} (id int PRIMARY KEY)"))
             .await
             .unwrap();
-        async fn count(c: &Client, t: &str) -> i64 {
-            let sql = format!("SELECT count(*) FROM {t}");
-            c.query_one(&sql, &[]).await.unwrap().get(0)
-        }
-
         let tx = client.transaction().await.unwrap();
         tx.execute(&format!("INSERT INTO {t} VALUES (1)"), &[])
             .await
@@ -806,7 +726,7 @@ async fn transactions_rollback_and_commit() {
 
 #[tokio::test]
 async fn parameter_status_changes_are_visible() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let pg = pgmemo().await;
         let (client, mut conn) = raw_client(&pg).await;
 
@@ -868,9 +788,8 @@ async fn parameter_status_changes_are_visible() {
 
 #[tokio::test]
 async fn prepared_statement_reused_many_times() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         let marker = unique("pm_stmt");
         let sql = format!("SELECT $1::int8 * $1::int8, '{marker}'::text");
         let stmt = client.prepare(&sql).await.unwrap();
@@ -906,9 +825,8 @@ async fn prepared_statement_reused_many_times() {
 
 #[tokio::test]
 async fn large_values_pass_intact() {
-    within(async {
-        let pg = pgmemo().await;
-        let client = pg.client(USER, DB).await;
+    within(TEST_DEADLINE, async {
+        let (_pg, client) = pgmemo_and_client().await;
         const SIZE: usize = 50 << 20;
 
         // 50 MB up (Bind) and back (DataRow).
@@ -950,7 +868,7 @@ async fn large_values_pass_intact() {
 
 #[tokio::test]
 async fn session_state_does_not_leak_to_the_next_client() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let mut config = pgmemo_config_for(LocalPostgres::PORT);
         config.pool_size = 1;
         let pg = spawn_pgmemo(config).await.unwrap();
@@ -1027,7 +945,7 @@ async fn session_state_does_not_leak_to_the_next_client() {
 /// ReadyForQuery once. pgmemo must still see the session at a clean boundary afterwards.
 #[tokio::test]
 async fn session_after_copy_in_is_at_a_clean_boundary() {
-    within(async {
+    within(TEST_DEADLINE, async {
         let mut config = pgmemo_config_for(LocalPostgres::PORT);
         config.pool_size = 1;
         let pg = spawn_pgmemo(config).await.unwrap();
@@ -1045,34 +963,17 @@ async fn session_after_copy_in_is_at_a_clean_boundary() {
             .unwrap();
 
         // A successful COPY, a failed one, and an aborted one.
-        let sink = client
-            .copy_in::<_, Bytes>(&format!("COPY {t} FROM STDIN"))
-            .await
-            .unwrap();
-        let mut sink = std::pin::pin!(sink);
+        let mut sink = copy_in(&client, &t).await;
         sink.send(Bytes::from_static(b"1\n2\n")).await.unwrap();
         assert_eq!(sink.as_mut().finish().await.unwrap(), 2);
-        let sink = client
-            .copy_in::<_, Bytes>(&format!("COPY {t} FROM STDIN"))
-            .await
-            .unwrap();
-        let mut sink = std::pin::pin!(sink);
+        let mut sink = copy_in(&client, &t).await;
         sink.send(Bytes::from_static(b"x\n")).await.ok();
         assert!(sink.as_mut().finish().await.is_err());
         {
-            let sink = client
-                .copy_in::<_, Bytes>(&format!("COPY {t} FROM STDIN"))
-                .await
-                .unwrap();
-            let mut sink = std::pin::pin!(sink);
+            let mut sink = copy_in(&client, &t).await;
             sink.send(Bytes::from_static(b"3\n")).await.unwrap();
         }
-        let n: i64 = client
-            .query_one(&format!("SELECT count(*) FROM {t}"), &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(n, 2);
+        assert_eq!(count(&client, &t).await, 2);
         drop(client);
 
         // The connection went back to the pool (not closed as mid-request).
@@ -1087,14 +988,7 @@ async fn session_after_copy_in_is_at_a_clean_boundary() {
         .await
         .expect("the next client is served");
         assert_eq!(next[0].as_deref(), Some(pid.as_str()));
-        assert_eq!(
-            pg.handle()
-                .shared()
-                .stats
-                .servers_closed_dirty
-                .load(Ordering::Relaxed),
-            0
-        );
+        assert_eq!(pg.stats().servers_closed_dirty.load(Ordering::Relaxed), 0);
     })
     .await
 }

@@ -16,7 +16,10 @@ use pgmemo::Config;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::CertificateDer;
 use tempfile::TempDir;
-use testkit::{pgmemo_config_for, spawn_pgmemo, LocalPostgres, PgmemoInstance, TempPostgres};
+use testkit::{
+    pgmemo_config_for, spawn_pgmemo, LocalPostgres, PgmemoInstance, TempPostgres,
+    TempPostgresBuilder,
+};
 use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
@@ -184,11 +187,28 @@ async fn connect_tls(
     connect_with(&client_config(port, user, password, mode), tls_trusting(ca)).await
 }
 
+/// A TLS login as `postgres` without a password (the local server trusts it), trusting `ca`.
+async fn connect_tls_as_postgres(
+    port: u16,
+    ca: &CertificateDer<'static>,
+    mode: SslMode,
+) -> Result<Client, tokio_postgres::Error> {
+    connect_tls(port, "postgres", None, ca, mode).await
+}
+
 fn db_error(e: &tokio_postgres::Error) -> (SqlState, String) {
     match e.as_db_error() {
         Some(db) => (db.code().clone(), db.message().to_owned()),
         None => panic!("expected an ErrorResponse, got {e:?}"),
     }
+}
+
+/// Asserts that pgmemo could not log in to the server because TLS towards it failed (an
+/// ErrorResponse 08006 that says so).
+fn assert_upstream_tls_failure(err: &tokio_postgres::Error) {
+    let (code, msg) = db_error(err);
+    assert_eq!(code, SqlState::CONNECTION_FAILURE, "{msg}");
+    assert!(msg.contains("TLS"), "{msg}");
 }
 
 async fn assert_select_one(client: &Client) {
@@ -212,15 +232,20 @@ async fn start_pgmemo(config: Config) -> PgmemoInstance {
     spawn_pgmemo(config).await.expect("starting pgmemo")
 }
 
-/// pgmemo in front of the shared local server, with the certificate of `pki` for clients.
-async fn pgmemo_with_client_tls(pki: &Pki, mode: ClientTlsMode) -> PgmemoInstance {
-    start_pgmemo(Config {
+/// A configuration for pgmemo in front of the shared local server, with the certificate of
+/// `pki` for clients and `client_tls_sslmode = mode`.
+fn client_tls_config(pki: &Pki, mode: ClientTlsMode) -> Config {
+    Config {
         tls_cert_file: Some(pki.cert_file.clone()),
         tls_key_file: Some(pki.key_file.clone()),
         client_tls_sslmode: mode,
         ..pgmemo_config_for(LocalPostgres::PORT)
-    })
-    .await
+    }
+}
+
+/// pgmemo started with [`client_tls_config`].
+async fn pgmemo_with_client_tls(pki: &Pki, mode: ClientTlsMode) -> PgmemoInstance {
+    start_pgmemo(client_tls_config(pki, mode)).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -234,26 +259,14 @@ async fn client_tls_required() {
     let pki = make_pki(&["localhost", "127.0.0.1"]);
     let pgmemo = pgmemo_with_client_tls(&pki, ClientTlsMode::Require).await;
 
-    let client = connect_tls(
-        pgmemo.port(),
-        "postgres",
-        None,
-        &pki.ca_der,
-        SslMode::Require,
-    )
-    .await
-    .expect("TLS login through pgmemo");
+    let client = connect_tls_as_postgres(pgmemo.port(), &pki.ca_der, SslMode::Require)
+        .await
+        .expect("TLS login through pgmemo");
     assert_select_one(&client).await;
     // `prefer` upgrades too (it has to: plain text would be refused).
-    let client = connect_tls(
-        pgmemo.port(),
-        "postgres",
-        None,
-        &pki.ca_der,
-        SslMode::Prefer,
-    )
-    .await
-    .expect("sslmode=prefer login through pgmemo");
+    let client = connect_tls_as_postgres(pgmemo.port(), &pki.ca_der, SslMode::Prefer)
+        .await
+        .expect("sslmode=prefer login through pgmemo");
     assert_select_one(&client).await;
 
     let err = connect_plain(pgmemo.port(), "postgres")
@@ -272,11 +285,8 @@ async fn client_tls_required_leaves_the_unix_socket_alone() {
     let pki = make_pki(&["localhost", "127.0.0.1"]);
     let dir = tempfile::tempdir().expect("temp dir");
     let pgmemo = start_pgmemo(Config {
-        tls_cert_file: Some(pki.cert_file.clone()),
-        tls_key_file: Some(pki.key_file.clone()),
-        client_tls_sslmode: ClientTlsMode::Require,
         unix_socket_dir: Some(dir.path().to_str().expect("UTF-8").to_owned()),
-        ..pgmemo_config_for(LocalPostgres::PORT)
+        ..client_tls_config(&pki, ClientTlsMode::Require)
     })
     .await;
     let path = dir.path().join(format!(".s.PGSQL.{}", pgmemo.port()));
@@ -315,15 +325,9 @@ async fn client_tls_required_leaves_the_unix_socket_alone() {
 async fn client_tls_preferred() {
     let pki = make_pki(&["localhost", "127.0.0.1"]);
     let pgmemo = pgmemo_with_client_tls(&pki, ClientTlsMode::Prefer).await;
-    let client = connect_tls(
-        pgmemo.port(),
-        "postgres",
-        None,
-        &pki.ca_der,
-        SslMode::Require,
-    )
-    .await
-    .expect("TLS login through pgmemo");
+    let client = connect_tls_as_postgres(pgmemo.port(), &pki.ca_der, SslMode::Require)
+        .await
+        .expect("TLS login through pgmemo");
     assert_select_one(&client).await;
     let client = connect_plain(pgmemo.port(), "postgres")
         .await
@@ -338,15 +342,9 @@ async fn client_tls_presents_the_configured_certificate() {
     let pki = make_pki(&["localhost", "127.0.0.1"]);
     let other = make_pki(&["localhost", "127.0.0.1"]);
     let pgmemo = pgmemo_with_client_tls(&pki, ClientTlsMode::Prefer).await;
-    let err = connect_tls(
-        pgmemo.port(),
-        "postgres",
-        None,
-        &other.ca_der,
-        SslMode::Require,
-    )
-    .await
-    .expect_err("a client trusting another CA must not connect");
+    let err = connect_tls_as_postgres(pgmemo.port(), &other.ca_der, SslMode::Require)
+        .await
+        .expect_err("a client trusting another CA must not connect");
     assert!(err.as_db_error().is_none(), "{err:?}");
     assert!(format!("{err:?}").contains("InvalidCertificate"), "{err:?}");
 }
@@ -359,29 +357,17 @@ async fn client_tls_not_configured() {
     let unconfigured = start_pgmemo(pgmemo_config_for(LocalPostgres::PORT)).await;
     let disabled = pgmemo_with_client_tls(&pki, ClientTlsMode::Disable).await;
     for pgmemo in [&unconfigured, &disabled] {
-        let err = connect_tls(
-            pgmemo.port(),
-            "postgres",
-            None,
-            &pki.ca_der,
-            SslMode::Require,
-        )
-        .await
-        .expect_err("sslmode=require without TLS on pgmemo must fail");
+        let err = connect_tls_as_postgres(pgmemo.port(), &pki.ca_der, SslMode::Require)
+            .await
+            .expect_err("sslmode=require without TLS on pgmemo must fail");
         assert!(err.as_db_error().is_none(), "{err:?}");
         assert!(
             format!("{err}").contains("TLS"),
             "unexpected error for sslmode=require: {err}"
         );
-        let client = connect_tls(
-            pgmemo.port(),
-            "postgres",
-            None,
-            &pki.ca_der,
-            SslMode::Prefer,
-        )
-        .await
-        .expect("sslmode=prefer falls back to plain text");
+        let client = connect_tls_as_postgres(pgmemo.port(), &pki.ca_der, SslMode::Prefer)
+            .await
+            .expect("sslmode=prefer falls back to plain text");
         assert_select_one(&client).await;
     }
 }
@@ -395,12 +381,9 @@ async fn client_tls_with_local_scram() {
     let userlist = dir.path().join("userlist.txt");
     std::fs::write(&userlist, "\"postgres\" \"tls-scram-pw\"\n").unwrap();
     let pgmemo = start_pgmemo(Config {
-        tls_cert_file: Some(pki.cert_file.clone()),
-        tls_key_file: Some(pki.key_file.clone()),
-        client_tls_sslmode: ClientTlsMode::Require,
         auth_type: AuthType::ScramSha256,
         auth_file: Some(userlist),
-        ..pgmemo_config_for(LocalPostgres::PORT)
+        ..client_tls_config(&pki, ClientTlsMode::Require)
     })
     .await;
     let client = connect_tls(
@@ -456,14 +439,20 @@ async fn client_tls_with_local_scram() {
 // Upstream side
 // ---------------------------------------------------------------------------------------------
 
-/// A cluster with TLS on that accepts TCP logins only over TLS (`hostssl ... trust`).
-async fn ssl_only_cluster(pki: &Pki) -> TempPostgres {
+/// A cluster with TLS on, serving the certificate of `pki`, that admits only the pg_hba.conf
+/// rules the caller adds.
+fn ssl_cluster(pki: &Pki) -> TempPostgresBuilder {
     TempPostgres::builder()
         .conf("ssl = on")
         .conf(format!("ssl_cert_file = '{}'", pki.cert_file.display()))
         .conf(format!("ssl_key_file = '{}'", pki.key_file.display()))
-        .hba("hostssl all all 127.0.0.1/32 trust")
         .no_default_trust()
+}
+
+/// A cluster with TLS on that accepts TCP logins only over TLS (`hostssl ... trust`).
+async fn ssl_only_cluster(pki: &Pki) -> TempPostgres {
+    ssl_cluster(pki)
+        .hba("hostssl all all 127.0.0.1/32 trust")
         .start()
         .await
         .expect("starting PostgreSQL with ssl = on")
@@ -542,9 +531,7 @@ async fn upstream_tls_verify_full() {
             .unwrap_or_else(|| {
                 panic!("pgmemo trusted a server certificate from another CA: {url}")
             });
-        let (code, msg) = db_error(&err);
-        assert_eq!(code, SqlState::CONNECTION_FAILURE, "{msg}");
-        assert!(msg.contains("TLS"), "{msg}");
+        assert_upstream_tls_failure(&err);
     }
 }
 
@@ -572,9 +559,7 @@ async fn upstream_tls_verify_full_checks_the_name() {
     let err = connect_plain(pgmemo.port(), "postgres")
         .await
         .expect_err("verify-full accepted a certificate for another name");
-    let (code, msg) = db_error(&err);
-    assert_eq!(code, SqlState::CONNECTION_FAILURE, "{msg}");
-    assert!(msg.contains("TLS"), "{msg}");
+    assert_upstream_tls_failure(&err);
 }
 
 /// `sslmode=require` towards a server without TLS fails with a clear error; `prefer` falls
@@ -595,9 +580,7 @@ async fn upstream_tls_required_but_not_offered() {
     let err = connect_plain(pgmemo.port(), "postgres")
         .await
         .expect_err("sslmode=require towards a server without TLS must fail");
-    let (code, msg) = db_error(&err);
-    assert_eq!(code, SqlState::CONNECTION_FAILURE, "{msg}");
-    assert!(msg.contains("TLS"), "{msg}");
+    assert_upstream_tls_failure(&err);
 
     let pgmemo = pgmemo_upstream(&format!(
         "postgres://127.0.0.1:{}?sslmode=prefer",
@@ -614,13 +597,9 @@ async fn upstream_tls_required_but_not_offered() {
 /// front of it requiring TLS from clients and speaking TLS to the server, relaying the SCRAM
 /// exchange (`auth_type = upstream`).
 async fn tls_both_sides_relaying_scram(pki: &Pki) -> (TempPostgres, PgmemoInstance) {
-    let pg = TempPostgres::builder()
-        .conf("ssl = on")
-        .conf(format!("ssl_cert_file = '{}'", pki.cert_file.display()))
-        .conf(format!("ssl_key_file = '{}'", pki.key_file.display()))
+    let pg = ssl_cluster(pki)
         .conf("password_encryption = 'scram-sha-256'")
         .hba("hostssl all tls_scram 127.0.0.1/32 scram-sha-256")
-        .no_default_trust()
         .start()
         .await
         .expect("starting PostgreSQL with ssl = on");
@@ -629,10 +608,7 @@ async fn tls_both_sides_relaying_scram(pki: &Pki) -> (TempPostgres, PgmemoInstan
     let upstream = format!("postgres://127.0.0.1:{}?sslmode=require", pg.port());
     let pgmemo = start_pgmemo(Config {
         upstream: UpstreamUrl::parse(&upstream).unwrap(),
-        tls_cert_file: Some(pki.cert_file.clone()),
-        tls_key_file: Some(pki.key_file.clone()),
-        client_tls_sslmode: ClientTlsMode::Require,
-        ..Config::default()
+        ..client_tls_config(pki, ClientTlsMode::Require)
     })
     .await;
     (pg, pgmemo)

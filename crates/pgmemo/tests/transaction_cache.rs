@@ -13,44 +13,27 @@ use std::time::Duration;
 use cache_support::{first, show_cache};
 use pgmemo::config::{Invalidation, PoolMode, Seconds, Switch};
 use pgmemo::Config;
-use testkit::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, TempPostgres};
+use testkit::{pgmemo_config_for, spawn_pgmemo, within, PgmemoInstance, TempPostgres};
 use tokio_postgres::Client;
 
 /// Upper bound for one test: a hang fails instead of blocking the suite.
 const DEADLINE: Duration = Duration::from_secs(120);
 
+/// [`cache_support::setup_with`] transaction pooling over `pool_size` server connections.
 async fn setup(pool_size: usize) -> (TempPostgres, PgmemoInstance, Client) {
-    let pg = TempPostgres::builder()
-        .start()
-        .await
-        .expect("cluster starts");
-    pg.psql(
-        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT '2024-01-01 12:00Z');
-         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
-    )
-    .await;
-    let config = Config {
-        pool_mode: PoolMode::Transaction,
-        pool_size,
-        cache: Switch::On,
-        invalidation: Invalidation::Proxy,
-        query_wait_timeout: Seconds(Duration::from_secs(5)),
-        ..pgmemo_config_for(pg.port())
-    };
-    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
-    let direct = pg.client("postgres", "postgres").await;
-    (pg, memo, direct)
-}
-
-async fn within<T>(fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(DEADLINE, fut)
-        .await
-        .expect("test finished in time")
+    cache_support::setup_with(|c| {
+        c.pool_mode = PoolMode::Transaction;
+        c.pool_size = pool_size;
+        c.cache = Switch::On;
+        c.invalidation = Invalidation::Proxy;
+        c.query_wait_timeout = Seconds(Duration::from_secs(5));
+    })
+    .await
 }
 
 #[tokio::test]
 async fn cheap_results_are_stored_from_their_second_miss() {
-    within(async {
+    within(DEADLINE, async {
         let (pg, memo, _direct) = setup(2).await;
         cache_support::admission_stores_costly_results_at_once(&memo).await;
         let config = Config {
@@ -69,7 +52,7 @@ async fn cheap_results_are_stored_from_their_second_miss() {
 #[tokio::test]
 async fn hits_are_answered_without_a_server() {
     use raw::*;
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(1).await;
         let reader = memo.client("postgres", "postgres").await;
         let q = "SELECT v FROM t WHERE id = 1";
@@ -135,28 +118,13 @@ async fn hits_are_answered_without_a_server() {
 
 #[tokio::test]
 async fn commit_invalidates_rollback_does_not_and_blocks_bypass() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;
         let c = memo.client("postgres", "postgres").await;
         let q = "SELECT v FROM t WHERE id = 2";
-        assert_eq!(first(&c, q).await.as_deref(), Some("two"));
-        assert_eq!(first(&c, q).await.as_deref(), Some("two"));
-
-        // Inside a transaction block that wrote, the client reads its own write.
-        c.batch_execute("BEGIN; UPDATE t SET v = 'mine' WHERE id = 2")
-            .await
-            .unwrap();
-        assert_eq!(first(&c, q).await.as_deref(), Some("mine"));
-        c.batch_execute("ROLLBACK").await.unwrap();
-        direct
-            .batch_execute("UPDATE t SET v = 'behind' WHERE id = 2")
-            .await
-            .unwrap();
-        assert_eq!(
-            first(&c, q).await.as_deref(),
-            Some("two"),
-            "a rollback invalidates nothing"
-        );
+        // Inside a transaction block that wrote, the client reads its own write; a rollback
+        // invalidates nothing.
+        cache_support::a_rollback_invalidates_nothing(&c, &direct).await;
 
         // A savepoint rolled back inside a committed transaction: the commit still counts.
         c.batch_execute(
@@ -218,39 +186,19 @@ async fn commit_invalidates_rollback_does_not_and_blocks_bypass() {
 
 #[tokio::test]
 async fn each_clients_settings_are_part_of_its_key() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(1).await;
-        let utc = memo.client("postgres", "postgres").await;
-        let tokyo = memo.client("postgres", "postgres").await;
-        utc.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
-        tokyo
-            .batch_execute("SET TimeZone = 'Asia/Tokyo'")
-            .await
-            .unwrap();
+        let (utc, tokyo) = cache_support::utc_and_tokyo(&memo, "postgres").await;
         let q = "SELECT ts::text FROM t WHERE id = 1";
         for _ in 0..2 {
-            assert_eq!(
-                first(&utc, q).await.as_deref(),
-                Some("2024-01-01 12:00:00+00")
-            );
-            assert_eq!(
-                first(&tokyo, q).await.as_deref(),
-                Some("2024-01-01 21:00:00+09")
-            );
+            cache_support::assert_ts_in_each_zone(&utc, &tokyo).await;
         }
         // Both are cached (a direct write is not seen), each under its own settings.
         direct
             .batch_execute("UPDATE t SET ts = ts + interval '1 hour'")
             .await
             .unwrap();
-        assert_eq!(
-            first(&utc, q).await.as_deref(),
-            Some("2024-01-01 12:00:00+00")
-        );
-        assert_eq!(
-            first(&tokyo, q).await.as_deref(),
-            Some("2024-01-01 21:00:00+09")
-        );
+        cache_support::assert_ts_in_each_zone(&utc, &tokyo).await;
         // A client that changes its settings gets the result for its new settings.
         utc.batch_execute("SET TimeZone = 'Asia/Tokyo'")
             .await
@@ -279,7 +227,7 @@ async fn each_clients_settings_are_part_of_its_key() {
 
 #[tokio::test]
 async fn uncacheable_reads_are_refused() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;
         let c = memo.client("postgres", "postgres").await;
         for q in [
@@ -302,7 +250,7 @@ async fn uncacheable_reads_are_refused() {
 
 #[tokio::test]
 async fn concurrent_misses_on_one_key_run_once() {
-    within(async {
+    within(DEADLINE, async {
         let (pg, memo, _direct) = setup(4).await;
         pg.psql(
             "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
@@ -342,13 +290,8 @@ async fn concurrent_misses_on_one_key_run_once() {
 /// ([`cache_support::reads_never_stale`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_reads_and_writes_never_see_stale_values() {
-    within(async {
-        let pg = TempPostgres::builder()
-            .start()
-            .await
-            .expect("cluster starts");
-        pg.psql("CREATE TABLE kv (k int PRIMARY KEY, v bigint NOT NULL); INSERT INTO kv SELECT g, 0 FROM generate_series(0, 19) g;")
-            .await;
+    within(DEADLINE, async {
+        let pg = cache_support::kv_cluster().await;
         let config = Config {
             pool_mode: PoolMode::Transaction,
             pool_size: 3,
@@ -370,7 +313,7 @@ async fn concurrent_reads_and_writes_never_see_stale_values() {
 
 #[tokio::test]
 async fn a_write_first_seen_in_a_block_is_planned_after_it_and_then_invalidates_only_its_table() {
-    within(async {
+    within(DEADLINE, async {
         let (pg, memo, direct) = setup(1).await;
         pg.psql(
             "CREATE TABLE other (id int PRIMARY KEY, v text); INSERT INTO other VALUES (1, 'a');",
@@ -424,7 +367,7 @@ async fn a_refused_parse_leaves_no_statement() {
 
 #[tokio::test]
 async fn untracked_writes_never_leave_stale_results() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, _direct) = setup(2).await;
         cache_support::untracked_writes_never_leave_stale_results(&memo).await;
     })
@@ -433,7 +376,7 @@ async fn untracked_writes_never_leave_stale_results() {
 
 #[tokio::test]
 async fn reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;
         let c = memo.client("postgres", "postgres").await;
         let q = "SELECT v FROM t WHERE id = 1";
@@ -472,7 +415,7 @@ async fn reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
 
 #[tokio::test]
 async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;
         let c = memo.client("postgres", "postgres").await;
         let q = "SELECT v FROM t WHERE id = 1";
@@ -503,7 +446,7 @@ async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
 
 #[tokio::test]
 async fn a_reload_turning_a_database_off_stops_running_sessions() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;
         cache_support::a_reload_turning_a_database_off_stops_running_sessions(&memo, &direct).await;
     })
@@ -512,7 +455,7 @@ async fn a_reload_turning_a_database_off_stops_running_sessions() {
 
 #[tokio::test]
 async fn a_reload_excluding_a_table_stops_caching_it() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;
         cache_support::a_reload_excluding_a_table_stops_caching_it(&memo, &direct).await;
     })
@@ -521,7 +464,7 @@ async fn a_reload_excluding_a_table_stops_caching_it() {
 
 #[tokio::test]
 async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
-    within(async {
+    within(DEADLINE, async {
         let (_pg, memo, _direct) = setup(2).await;
         cache_support::writes_of_a_session_with_the_cache_off_still_invalidate(&memo).await;
     })

@@ -12,10 +12,10 @@ mod txn_support;
 use std::time::Duration;
 
 use pgmemo::config::Seconds;
-use testkit::LocalPostgres;
+use testkit::{assert_pgbench_report, output, pg_client, run_ok, sqlstate, within, LocalPostgres};
 use txn_support::{
-    lock_exclusive, msg, output, pg_client, python, run_ok, run_script, side_by_side, sqlstate,
-    txn_pgmemo, unique, value, within, Who, DB, TEST_DEADLINE, USER,
+    create_table, drop_table, lock_exclusive, msg, python, run_script, side_by_side, txn_pgmemo,
+    value, Who, DB, TEST_DEADLINE, USER,
 };
 
 /// Upper bound for one run of an external client program.
@@ -278,13 +278,6 @@ async fn bench_database() {
         .unwrap();
 }
 
-/// The number after `label` on the line that starts with it (`"number of failed
-/// transactions: 0 (0.000%)"` → 0).
-fn number_after(report: &str, label: &str) -> Option<u64> {
-    let line = report.lines().find(|l| l.starts_with(label))?;
-    line[label.len()..].split_whitespace().next()?.parse().ok()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pgbench_64_clients_over_4_servers_in_every_query_mode() {
     within(Duration::from_secs(300), async {
@@ -301,16 +294,7 @@ async fn pgbench_64_clients_over_4_servers_in_every_query_mode() {
                 .args(["-M", mode, "-c", "64", "-j", "2", "-T", "10", "-n"])
                 .args(["-h", "127.0.0.1", "-p", &port, "-U", USER, BENCH_DB]);
             let out = run_ok(bench, &format!("pgbench -M {mode}"), RUN_LIMIT).await;
-            let report = String::from_utf8_lossy(&out.stdout);
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let processed = number_after(&report, "number of transactions actually processed:");
-            let failed = number_after(&report, "number of failed transactions:");
-            assert_eq!(failed, Some(0), "-M {mode}:\n{report}\n{stderr}");
-            assert!(
-                processed.is_some_and(|n| n > 0),
-                "-M {mode}:\n{report}\n{stderr}"
-            );
-            assert!(report.contains(&format!("query mode: {mode}")), "{report}");
+            let report = assert_pgbench_report(&out, mode);
             assert!(
                 report.contains("number of clients: 64"),
                 "-M {mode}:\n{report}"
@@ -473,29 +457,13 @@ async fn psql_prepared_statements_match_a_direct_connection() {
 // ---------------------------------------------------------------------------------------------
 // Python drivers.
 
-/// A table `(id int PRIMARY KEY, v text)` on the local server, dropped by [`drop_table`].
-async fn create_table(prefix: &str) -> String {
-    let t = unique(prefix);
-    let direct = LocalPostgres.client(USER, DB).await;
-    direct
-        .batch_execute(&format!("CREATE TABLE {t} (id int PRIMARY KEY, v text)"))
-        .await
-        .unwrap();
-    t
-}
-
-async fn drop_table(t: &str) {
-    let direct = LocalPostgres.client(USER, DB).await;
-    direct
-        .batch_execute(&format!("DROP TABLE {t}"))
-        .await
-        .unwrap();
-}
+/// The columns of the tables the Python scripts work on ([`create_table`]).
+const SCRIPT_TABLE: &str = "(id int PRIMARY KEY, v text)";
 
 #[tokio::test]
 async fn psycopg_prepared_statements_and_pipeline_mode() {
     within(Duration::from_secs(300), async {
-        let t = create_table("txn_psycopg").await;
+        let t = create_table("txn_psycopg", SCRIPT_TABLE).await;
         // The script against PostgreSQL itself first: it is correct, so a failure through
         // pgmemo is pgmemo's.
         let args = |port: u16| vec![port.to_string(), t.clone(), "main".to_owned()];
@@ -526,7 +494,7 @@ async fn psycopg_sees_a_column_added_between_two_executions() {
         };
         // Directly, psycopg's second execution of its prepared SELECT * fails: the scenario
         // is real. pgmemo, outside an explicit transaction, re-prepares and retries.
-        let t = setup(create_table("txn_alter_direct").await).await;
+        let t = setup(create_table("txn_alter_direct", SCRIPT_TABLE).await).await;
         let direct = python("psycopg_check.py", &args(LocalPostgres::PORT, &t)).await;
         let out = output(direct, "psycopg_check.py alter (direct)", RUN_LIMIT).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -536,7 +504,7 @@ async fn psycopg_sees_a_column_added_between_two_executions() {
         );
         drop_table(&t).await;
 
-        let t = setup(create_table("txn_alter").await).await;
+        let t = setup(create_table("txn_alter", SCRIPT_TABLE).await).await;
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
         let proxied = python("psycopg_check.py", &args(pgmemo.port(), &t)).await;
         run_ok(proxied, "psycopg_check.py alter", RUN_LIMIT).await;
@@ -549,7 +517,7 @@ async fn psycopg_sees_a_column_added_between_two_executions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg_processes_with_the_same_statement_names() {
     within(Duration::from_secs(300), async {
-        let t = create_table("txn_asyncpg").await;
+        let t = create_table("txn_asyncpg", SCRIPT_TABLE).await;
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
         // Two processes at once, 10 connections each: both name their statements
         // __asyncpg_stmt_1__, __asyncpg_stmt_2__, ... for different texts.

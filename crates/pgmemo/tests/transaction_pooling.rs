@@ -16,11 +16,13 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use pgmemo::config::{Seconds, Switch};
-use testkit::{LocalPostgres, TempPostgres};
+use testkit::{
+    connect_watched, pg_sleep_running, rows, sqlstate, unique, within, LocalPostgres, TempPostgres,
+};
 use tokio_postgres::{Client, Statement};
 use txn_support::{
-    backend_pid, connect_watched, connect_with, db_message, query_error, rows, sqlstate,
-    txn_pgmemo, unique, value, within, DB, SOON, TEST_DEADLINE, USER,
+    backend_pid, connect_with, create_table, db_message, drop_table, query_error, txn_pgmemo,
+    value, DB, SOON, TEST_DEADLINE, USER,
 };
 
 /// What a fresh session on the local server shows for a setting.
@@ -283,12 +285,10 @@ async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
 #[tokio::test]
 async fn a_column_added_between_executions_shows_up_without_an_error() {
     within(TEST_DEADLINE, async {
-        let t = unique("txn_alter");
+        let t = create_table("txn_alter", "(id int, v text)").await;
         let direct = LocalPostgres.client(USER, DB).await;
         direct
-            .batch_execute(&format!(
-                "CREATE TABLE {t} (id int, v text); INSERT INTO {t} VALUES (1, 'one')"
-            ))
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one')"))
             .await
             .unwrap();
         // The cache is off: the second ALTER TABLE is made directly, which pgmemo sees only
@@ -330,10 +330,7 @@ async fn a_column_added_between_executions_shows_up_without_an_error() {
             assert_eq!(row.len(), 4);
         }
         pgmemo.shutdown().await;
-        direct
-            .batch_execute(&format!("DROP TABLE {t}"))
-            .await
-            .unwrap();
+        drop_table(&t).await;
     })
     .await
 }
@@ -606,12 +603,8 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
         let default_timeout = default_setting("statement_timeout").await;
         let default_work_mem = default_setting("work_mem").await;
         let default_lock_timeout = default_setting("lock_timeout").await;
-        let t = unique("txn_killed");
+        let t = create_table("txn_killed", "(v text)").await;
         let direct = LocalPostgres.client(USER, DB).await;
-        direct
-            .batch_execute(&format!("CREATE TABLE {t} (v text)"))
-            .await
-            .unwrap();
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
         let (a, a_conn) = connect_watched(&pgmemo.url(USER, DB)).await;
         let b = pgmemo.client(USER, DB).await;
@@ -650,10 +643,7 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
         assert_eq!(value(&b, &count).await, "0");
         assert_eq!(value(&direct, &count).await, "0", "A's row was committed");
         pgmemo.shutdown().await;
-        direct
-            .batch_execute(&format!("DROP TABLE {t}"))
-            .await
-            .unwrap();
+        drop_table(&t).await;
     })
     .await
 }
@@ -714,12 +704,8 @@ async fn a_client_killed_mid_statement_frees_its_place_at_once() {
 #[tokio::test]
 async fn idle_transaction_timeout_disconnects_the_idle_client_and_frees_the_server() {
     within(TEST_DEADLINE, async {
-        let t = unique("txn_idle");
+        let t = create_table("txn_idle", "(v text)").await;
         let direct = LocalPostgres.client(USER, DB).await;
-        direct
-            .batch_execute(&format!("CREATE TABLE {t} (v text)"))
-            .await
-            .unwrap();
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
             c.idle_transaction_timeout = Seconds(Duration::from_secs(1));
         })
@@ -765,10 +751,7 @@ async fn idle_transaction_timeout_disconnects_the_idle_client_and_frees_the_serv
         // A client idle outside a transaction all along is not affected.
         assert_eq!(value(&idle_outside, "SELECT 2").await, "2");
         pgmemo.shutdown().await;
-        direct
-            .batch_execute(&format!("DROP TABLE {t}"))
-            .await
-            .unwrap();
+        drop_table(&t).await;
     })
     .await
 }
@@ -995,20 +978,7 @@ async fn cancel_reaches_the_clients_current_server_and_never_another_clients_que
             let r = a.query("SELECT pg_sleep(10)", &[]).await;
             (r.map(|_| ()), Instant::now(), a)
         });
-        let active = testkit::eventually(SOON, || {
-            let (direct, app) = (&direct, &app);
-            async move {
-                direct
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-                         AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
-                        &[app],
-                    )
-                    .await
-                    .is_ok_and(|r| r.get::<_, i64>(0) == 1)
-            }
-        })
-        .await;
+        let active = testkit::eventually(SOON, || pg_sleep_running(&direct, &app)).await;
         assert!(active, "pg_sleep never ran");
         let cancelled_at = Instant::now();
         token.cancel_query(tokio_postgres::NoTls).await.unwrap();

@@ -1,11 +1,13 @@
 //! Connecting a `tokio_postgres` client the way every test does: plain TCP, connection task
-//! spawned, failures reported with the URL that failed.
+//! spawned, failures reported with the URL that failed; and reading what such a client gets
+//! back (rows as text, SQLSTATEs).
 //!
 //! Shared by [`crate::TempPostgres`], [`crate::LocalPostgres`] and the pgmemo helpers so that a
 //! test talks to PostgreSQL directly or through pgmemo with the same two lines.
 
 use anyhow::Context as _;
-use tokio_postgres::{Client, NoTls};
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 /// `postgres://user@host:port/db`, the URL shape all testkit servers hand out.
 pub fn url(host: &str, port: u16, user: &str, db: &str) -> String {
@@ -38,4 +40,49 @@ pub async fn backend_pid(client: &Client) -> i32 {
         .await
         .expect("pg_backend_pid()")
         .get(0)
+}
+
+/// A client whose connection task the test keeps instead of [`connect`]'s detached one: aborting
+/// the task drops the socket without a Terminate message (a client that crashed), and awaiting
+/// it yields the error that ended the connection (e.g. the FATAL pgmemo sent). Panics if the
+/// login fails.
+pub async fn connect_watched(url: &str) -> (Client, JoinHandle<Result<(), tokio_postgres::Error>>) {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e:?}"));
+    (client, tokio::spawn(connection))
+}
+
+/// Every row of a simple query's answer, each value as text (`None` for NULL), so that tests
+/// compare whole results with one `assert_eq!`.
+pub fn rows(messages: &[SimpleQueryMessage]) -> Vec<Vec<Option<String>>> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The SQLSTATE of an error the server (or pgmemo) sent, as text (`"57014"`); `None` for errors
+/// without one (I/O, a closed connection). Tests assert on codes this way.
+pub fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
+    e.code().map(|c| c.code())
+}
+
+/// Whether exactly one session with `application_name` is running a `pg_sleep` statement right
+/// now, as `direct` (a connection to the same server) sees in `pg_stat_activity`; `false` if the
+/// probe fails. Tests about cancelling wait for this before they cancel.
+pub async fn pg_sleep_running(direct: &Client, application_name: &str) -> bool {
+    direct
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
+            &[&application_name],
+        )
+        .await
+        .is_ok_and(|r| r.get::<_, i64>(0) == 1)
 }

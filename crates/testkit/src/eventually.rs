@@ -1,4 +1,5 @@
-//! Polling with a deadline: the only way testkit (and the tests built on it) wait for something.
+//! Polling with a deadline: the only way testkit (and the tests built on it) wait for something;
+//! and [`within`], the deadline a whole test runs under.
 //!
 //! Tests never sleep for a fixed time; they state a condition and how long it may take. The
 //! clock is tokio's, so tests running with paused time get a virtual deadline.
@@ -36,6 +37,14 @@ where
     if !eventually(deadline, condition).await {
         panic!("condition not met within {deadline:?}: {what}");
     }
+}
+
+/// Runs `fut` to its end, or panics once `limit` has passed: the bound a test puts around its
+/// whole body, so that a hang fails the test instead of blocking the suite.
+pub async fn within<T>(limit: Duration, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("test did not finish within {limit:?}"))
 }
 
 /// Polls until `probe` yields a value and returns it, or `None` after `deadline`: for waits
@@ -93,6 +102,17 @@ mod tests {
         })
         .await;
         assert_eq!(got, Some(20));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn within_returns_what_finished_in_time() {
+        assert_eq!(within(Duration::from_secs(1), async { 7 }).await, 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "test did not finish within 1s")]
+    async fn within_panics_at_the_limit() {
+        within(Duration::from_secs(1), std::future::pending::<()>()).await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,8 +6,12 @@
 //! - [`LocalPostgres`] / [`local_url`]: the shared server preinstalled on 127.0.0.1:5432.
 //! - [`spawn_pgmemo`] / [`PgmemoInstance`]: pgmemo inside the test process;
 //!   [`PgmemoProcess`]: the pgmemo binary as a child process.
-//! - [`eventually`]: polling with a deadline, the only way tests wait.
-//! - [`free_port`]: a port nobody listens on, distinct for parallel tests.
+//! - [`eventually`]: polling with a deadline, the only way tests wait; [`within`]: the
+//!   deadline of a whole test.
+//! - [`free_port`]: a port nobody listens on, distinct for parallel tests; [`unique`]: a name
+//!   no other test uses.
+//! - [`connect`], [`rows`], [`sqlstate`]: a client and what it gets back, as text.
+//! - [`pg_client`], [`run_ok`]: psql and pgbench with a clean environment and a deadline.
 //!
 //! Everything is per-instance (own directory, own port), so tests can run in parallel.
 
@@ -15,14 +19,20 @@
 
 mod client;
 mod eventually;
+mod names;
 mod pgmemo;
 mod ports;
 mod postgres;
 mod procfs;
+mod programs;
 
-pub use client::{backend_pid, connect, url, url_with_password};
-pub use eventually::{assert_eventually, eventually, eventually_some, POLL_INTERVAL};
+pub use client::{
+    backend_pid, connect, connect_watched, pg_sleep_running, rows, sqlstate, url, url_with_password,
+};
+pub use eventually::{assert_eventually, eventually, eventually_some, within, POLL_INTERVAL};
+pub use names::unique;
 pub use pgmemo::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, PgmemoProcess};
 pub use ports::free_port;
 pub use postgres::{local_url, pg_bin, LocalPostgres, TempPostgres, TempPostgresBuilder};
 pub use procfs::pid_alive;
+pub use programs::{assert_pgbench_report, output, pg_client, run_ok, scrub_pg_env};

@@ -1,7 +1,7 @@
 //! Shared by the cache test files (`cache.rs`: session pooling, `transaction_cache.rs`:
-//! transaction pooling; `replication.rs` reads values with it): reading one value, the admin
-//! console's counters, and the scenarios both pool modes must pass the same way. Test files
-//! that use it also declare `mod raw;`.
+//! transaction pooling; `replication.rs` reads values with it): the cluster and table the tests
+//! start from, reading one value, the admin console's counters, and the scenarios both pool
+//! modes must pass the same way. Test files that use it also declare `mod raw;`.
 
 #![allow(dead_code)]
 
@@ -9,8 +9,94 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use testkit::PgmemoInstance;
+use pgmemo::Config;
+use testkit::{pgmemo_config_for, rows, spawn_pgmemo, PgmemoInstance, TempPostgres};
 use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// A cluster of its own with table `t (id int PRIMARY KEY, v text, ts timestamptz)` holding
+/// rows (1, 'one') and (2, 'two'), pgmemo in front of it with the configuration `adjust` makes,
+/// and a direct connection to the cluster, which pgmemo does not see.
+pub async fn setup_with(
+    adjust: impl FnOnce(&mut Config),
+) -> (TempPostgres, PgmemoInstance, Client) {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text, ts timestamptz DEFAULT '2024-01-01 12:00Z');
+         INSERT INTO t (id, v) VALUES (1, 'one'), (2, 'two');",
+    )
+    .await;
+    let mut config = pgmemo_config_for(pg.port());
+    adjust(&mut config);
+    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+    let direct = pg.client("postgres", "postgres").await;
+    (pg, memo, direct)
+}
+
+/// Runs `sql` twice through pgmemo (`memo` is a client of it), changes `t` of [`setup_with`]
+/// directly, and tells whether pgmemo still answers with the value from before the change
+/// (served from the cache). An uncached answer must be the fresh one.
+pub async fn served_from_cache(memo: &Client, direct: &Client, sql: &str) -> bool {
+    let before = first(memo, sql).await;
+    assert_eq!(
+        first(memo, sql).await,
+        before,
+        "{sql}: stable while nothing changes"
+    );
+    direct
+        .batch_execute("UPDATE t SET v = v || '+', ts = ts + interval '1 hour'")
+        .await
+        .unwrap();
+    let after = first(memo, sql).await;
+    let fresh = first(direct, sql).await;
+    if after == before && after != fresh {
+        return true;
+    }
+    assert_eq!(after, fresh, "{sql}: an uncached read must be fresh");
+    false
+}
+
+/// Two sessions of `user` through `memo`, one with TimeZone UTC and one with Asia/Tokyo, for
+/// [`assert_ts_in_each_zone`].
+pub async fn utc_and_tokyo(memo: &PgmemoInstance, user: &str) -> (Client, Client) {
+    let utc = memo.client(user, "postgres").await;
+    let tokyo = memo.client(user, "postgres").await;
+    utc.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
+    tokyo
+        .batch_execute("SET TimeZone = 'Asia/Tokyo'")
+        .await
+        .unwrap();
+    (utc, tokyo)
+}
+
+/// Asserts that the sessions of [`utc_and_tokyo`] read `ts` of row 1 of [`setup_with`]'s table
+/// `t` as it was created (12:00 UTC), each in its own time zone: a result of one is never
+/// served to the other.
+pub async fn assert_ts_in_each_zone(utc: &Client, tokyo: &Client) {
+    let q = "SELECT ts::text FROM t WHERE id = 1";
+    assert_eq!(
+        first(utc, q).await.as_deref(),
+        Some("2024-01-01 12:00:00+00")
+    );
+    assert_eq!(
+        first(tokyo, q).await.as_deref(),
+        Some("2024-01-01 21:00:00+09")
+    );
+}
+
+/// A cluster of its own with the table [`reads_never_stale`] works on: `kv (k, v)`, keys 0-19,
+/// every value 0.
+pub async fn kv_cluster() -> TempPostgres {
+    let pg = TempPostgres::builder()
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql("CREATE TABLE kv (k int PRIMARY KEY, v bigint NOT NULL); INSERT INTO kv SELECT g, 0 FROM generate_series(0, 19) g;")
+        .await;
+    pg
+}
 
 /// The first column of the first row of a simple query.
 pub async fn first(client: &Client, sql: &str) -> Option<String> {
@@ -29,18 +115,11 @@ pub async fn first(client: &Client, sql: &str) -> Option<String> {
 /// The rows of an admin console command, as text.
 pub async fn admin_rows(memo: &PgmemoInstance, command: &str) -> Vec<Vec<Option<String>>> {
     let admin = memo.client("postgres", "pgmemo").await;
-    admin
+    let messages = admin
         .simple_query(command)
         .await
-        .unwrap_or_else(|e| panic!("{command}: {e}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
-            }
-            _ => None,
-        })
-        .collect()
+        .unwrap_or_else(|e| panic!("{command}: {e}"));
+    rows(&messages)
 }
 
 /// One counter of the admin console's `SHOW CACHE`.
@@ -53,6 +132,30 @@ pub async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("SHOW CACHE has no {name}"))
         .parse()
         .unwrap()
+}
+
+/// How both pool modes begin their transaction tests, on row 2 of [`setup_with`]'s table `t`:
+/// the read is cached; a transaction block that wrote reads its own write, not the cache; its
+/// ROLLBACK invalidates nothing, so after a direct write (which pgmemo cannot see) the cached
+/// value is still served. `c` goes through pgmemo, `direct` does not.
+pub async fn a_rollback_invalidates_nothing(c: &Client, direct: &Client) {
+    let q = "SELECT v FROM t WHERE id = 2";
+    assert_eq!(first(c, q).await.as_deref(), Some("two"));
+    assert_eq!(first(c, q).await.as_deref(), Some("two"));
+    c.batch_execute("BEGIN; UPDATE t SET v = 'mine' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(first(c, q).await.as_deref(), Some("mine"));
+    c.batch_execute("ROLLBACK").await.unwrap();
+    direct
+        .batch_execute("UPDATE t SET v = 'behind' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(c, q).await.as_deref(),
+        Some("two"),
+        "a rollback invalidates nothing"
+    );
 }
 
 /// The staleness stress test: `clients` clients read and write the rows of

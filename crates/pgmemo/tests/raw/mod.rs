@@ -104,28 +104,14 @@ impl Raw {
         self.stream.write_all(&messages.concat()).await.unwrap();
         let (mut tags, mut values) = (Vec::new(), Vec::new());
         while tags.len() < count {
-            while self.buf.len() >= 5 && tags.len() < count {
-                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
-                if self.buf.len() < len + 1 {
+            while tags.len() < count {
+                let Some(frame) = self.next_frame() else {
                     break;
-                }
-                let frame = self.buf.split_to(len + 1);
-                tags.push(frame[0] as char);
-                if frame[0] == b'D' {
-                    let mut body = &frame[5..];
-                    let n = body.get_i16();
-                    for _ in 0..n {
-                        let l = body.get_i32();
-                        values
-                            .push(String::from_utf8_lossy(&body[..l.max(0) as usize]).into_owned());
-                        body.advance(l.max(0) as usize);
-                    }
-                }
+                };
+                record(&frame, &mut tags, &mut values);
             }
             if tags.len() < count {
-                let n = self.stream.read_buf(&mut self.buf).await.unwrap();
-                assert!(n > 0, "connection closed");
+                self.read_more().await;
             }
         }
         (tags, values)
@@ -141,31 +127,42 @@ impl Raw {
     async fn until_ready(&mut self) -> (Vec<char>, Vec<String>) {
         let (mut tags, mut values) = (Vec::new(), Vec::new());
         loop {
-            while self.buf.len() >= 5 {
-                let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
-                if self.buf.len() < len + 1 {
-                    break;
-                }
-                let frame = self.buf.split_to(len + 1);
-                let tag = frame[0];
-                tags.push(tag as char);
-                if tag == b'D' {
-                    let mut body = &frame[5..];
-                    let n = body.get_i16();
-                    for _ in 0..n {
-                        let l = body.get_i32();
-                        values
-                            .push(String::from_utf8_lossy(&body[..l.max(0) as usize]).into_owned());
-                        body.advance(l.max(0) as usize);
-                    }
-                }
-                if tag == b'Z' {
+            while let Some(frame) = self.next_frame() {
+                record(&frame, &mut tags, &mut values);
+                if frame[0] == b'Z' {
                     return (tags, values);
                 }
             }
-            let n = self.stream.read_buf(&mut self.buf).await.unwrap();
-            assert!(n > 0, "connection closed");
+            self.read_more().await;
+        }
+    }
+
+    /// The next whole message in the buffer, if one has arrived.
+    fn next_frame(&mut self) -> Option<BytesMut> {
+        if self.buf.len() < 5 {
+            return None;
+        }
+        let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        (self.buf.len() > len).then(|| self.buf.split_to(len + 1))
+    }
+
+    /// Reads more bytes into the buffer; the server must not have closed the connection.
+    async fn read_more(&mut self) {
+        let n = self.stream.read_buf(&mut self.buf).await.unwrap();
+        assert!(n > 0, "connection closed");
+    }
+}
+
+/// Notes a message's tag and, for a DataRow, its columns as text.
+fn record(frame: &[u8], tags: &mut Vec<char>, values: &mut Vec<String>) {
+    tags.push(frame[0] as char);
+    if frame[0] == b'D' {
+        let mut body = &frame[5..];
+        let n = body.get_i16();
+        for _ in 0..n {
+            let l = body.get_i32();
+            values.push(String::from_utf8_lossy(&body[..l.max(0) as usize]).into_owned());
+            body.advance(l.max(0) as usize);
         }
     }
 }

@@ -1,27 +1,25 @@
 //! Shared by the transaction-pooling test files (`transaction_pooling.rs`,
-//! `transaction_drivers.rs`): pgmemo in `pool_mode = "transaction"`, small client helpers, a
-//! raw protocol client that records what it gets as text (so a run through pgmemo can be
-//! compared with the same run directly against PostgreSQL), external programs (psql, pgbench,
-//! python3) and the one-time installation of the Python drivers.
+//! `transaction_drivers.rs`): pgmemo in `pool_mode = "transaction"`, small client helpers,
+//! scratch tables on the local server, a raw protocol client that records what it gets as text
+//! (so a run through pgmemo can be compared with the same run directly against PostgreSQL), and
+//! python3 with the Python drivers, installed once. (psql and pgbench: `testkit::pg_client`.)
 
 // Each test file uses a different part of this module.
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
-use std::process::Output;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use pgmemo::config::{Invalidation, PoolMode, Seconds, Switch};
 use pgmemo::Config;
-use testkit::{pg_bin, pgmemo_config_for, spawn_pgmemo, PgmemoInstance};
+use testkit::{
+    pgmemo_config_for, rows, scrub_pg_env, spawn_pgmemo, unique, LocalPostgres, PgmemoInstance,
+};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, NoTls};
 
 pub const USER: &str = "postgres";
 /// Database on the shared local server.
@@ -30,28 +28,6 @@ pub const DB: &str = "test";
 pub const SOON: Duration = Duration::from_secs(10);
 /// Upper bound for one ordinary test; a hang fails instead of blocking the suite.
 pub const TEST_DEADLINE: Duration = Duration::from_secs(120);
-
-/// A name no other test (in this or another process) uses.
-pub fn unique(prefix: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        nanos,
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Runs `fut` with a deadline.
-pub async fn within<T>(limit: Duration, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("test did not finish within {limit:?}"))
-}
 
 /// Transaction pooling in front of PostgreSQL on 127.0.0.1:`port`, with the result cache on
 /// (so every test here also runs the cache's effect tracking and capture; tests whose writes
@@ -81,28 +57,11 @@ pub async fn txn_pgmemo(
         .expect("pgmemo starts with pool_mode = transaction")
 }
 
-pub fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
-    e.code().map(|c| c.code())
-}
-
 /// The server's message of a database error ("" for other errors).
 pub fn db_message(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
         .map(|d| d.message().to_owned())
         .unwrap_or_default()
-}
-
-/// Every row of a simple query, as text.
-pub fn rows(messages: &[SimpleQueryMessage]) -> Vec<Vec<Option<String>>> {
-    messages
-        .iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 /// The first column of the first row of a simple query; panics on an error or no row.
@@ -134,15 +93,6 @@ pub async fn backend_pid(client: &Client) -> i32 {
         .unwrap()
 }
 
-/// A client whose connection task the test keeps: aborting it drops the socket without a
-/// Terminate (a crashed client); awaiting it gives the error that ended the connection.
-pub async fn connect_watched(url: &str) -> (Client, JoinHandle<Result<(), tokio_postgres::Error>>) {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {url}: {e:?}"));
-    (client, tokio::spawn(connection))
-}
-
 /// A client connected with a changed configuration (application_name, options, ...).
 pub async fn connect_with(url: &str, change: impl FnOnce(&mut tokio_postgres::Config)) -> Client {
     let mut config: tokio_postgres::Config = url.parse().unwrap();
@@ -155,47 +105,29 @@ pub async fn connect_with(url: &str, change: impl FnOnce(&mut tokio_postgres::Co
     client
 }
 
-// ---------------------------------------------------------------------------------------------
-// External programs.
-
-/// A PostgreSQL client program (psql, pgbench) with the environment's `PG*` variables removed,
-/// so only the arguments decide where it connects.
-pub fn pg_client(program: &str) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(pg_bin(program));
-    scrub_pg_env(&mut cmd);
-    cmd
-}
-
-fn scrub_pg_env(cmd: &mut tokio::process::Command) {
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("PG") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd.stdin(std::process::Stdio::null()).kill_on_drop(true);
-}
-
-/// Runs `cmd` within `limit` and returns its output, whatever its exit status.
-pub async fn output(mut cmd: tokio::process::Command, what: &str, limit: Duration) -> Output {
-    tokio::time::timeout(limit, cmd.output())
+/// A table `columns` (e.g. `"(v text)"`) on the local server under a name no other test uses,
+/// created directly (pgmemo does not see it); returns the name. Drop it with [`drop_table`].
+pub async fn create_table(prefix: &str, columns: &str) -> String {
+    let t = unique(prefix);
+    let direct = LocalPostgres.client(USER, DB).await;
+    direct
+        .batch_execute(&format!("CREATE TABLE {t} {columns}"))
         .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
-        .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"))
+        .unwrap();
+    t
 }
 
-/// Like [`output`] but panics (showing stdout and stderr) unless the program succeeded.
-pub async fn run_ok(cmd: tokio::process::Command, what: &str, limit: Duration) -> Output {
-    let out = output(cmd, what, limit).await;
-    if !out.status.success() {
-        panic!(
-            "{what} failed ({})\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    out
+/// Drops a table of [`create_table`], directly.
+pub async fn drop_table(t: &str) {
+    let direct = LocalPostgres.client(USER, DB).await;
+    direct
+        .batch_execute(&format!("DROP TABLE {t}"))
+        .await
+        .unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// One-time set-up shared by parallel test processes, and Python.
 
 /// An exclusive `flock` on `path` (created if missing), held until the file is dropped: for
 /// set-up that parallel test processes must not do twice at once. Blocks; call it from

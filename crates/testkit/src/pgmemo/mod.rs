@@ -88,6 +88,12 @@ impl PgmemoInstance {
         &self.handle
     }
 
+    /// pgmemo's process-wide counters (protocol errors, rejected clients, dirty server closes,
+    /// cancel requests, ...), which tests read to see what happened behind the scenes.
+    pub fn stats(&self) -> &::pgmemo::stats::Stats {
+        &self.handle.shared().stats
+    }
+
     /// Graceful shutdown, as on SIGTERM; returns when pgmemo has stopped.
     pub async fn shutdown(self) {
         self.handle.shutdown().await;
