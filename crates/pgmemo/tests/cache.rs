@@ -201,6 +201,56 @@ async fn user_defined_operators_are_checked_for_volatility() {
     assert!(served_from_cache(&c, &direct, "SELECT v || '!' FROM t WHERE id + 0 = 1").await);
 }
 
+/// A cast runs a function too: a user-defined cast over a volatile or stable function keeps a
+/// read out of the cache; built-in casts and immutable user-defined ones do not.
+#[tokio::test]
+async fn user_defined_casts_are_checked_for_volatility() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE TYPE wrapped AS (v text);
+         CREATE FUNCTION wrap(text) RETURNS wrapped VOLATILE LANGUAGE sql AS 'SELECT ROW($1)::wrapped';
+         CREATE CAST (text AS wrapped) WITH FUNCTION wrap(text);
+         CREATE TYPE held AS (v text);
+         CREATE FUNCTION hold(text) RETURNS held STABLE LANGUAGE sql AS 'SELECT ROW($1)::held';
+         CREATE CAST (text AS held) WITH FUNCTION hold(text);
+         CREATE TYPE boxed AS (v text);
+         CREATE FUNCTION box_it(text) RETURNS boxed IMMUTABLE LANGUAGE sql AS 'SELECT ROW($1)::boxed';
+         CREATE CAST (text AS boxed) WITH FUNCTION box_it(text);",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    for (sql, reason) in [
+        (
+            "SELECT (v::wrapped).v FROM t WHERE id = 1",
+            "volatile_function",
+        ),
+        (
+            "SELECT (CAST(v AS public.held)).v FROM t WHERE id = 1",
+            "stable_function",
+        ),
+    ] {
+        assert!(
+            !served_from_cache(&c, &direct, sql).await,
+            "{sql} was cached"
+        );
+        let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {sql}")).await;
+        assert_eq!(
+            explained[0][4].as_deref(),
+            Some(reason),
+            "{sql}: {explained:?}"
+        );
+    }
+    assert!(served_from_cache(&c, &direct, "SELECT (v::boxed).v FROM t WHERE id = 1").await);
+    assert!(
+        served_from_cache(
+            &c,
+            &direct,
+            "SELECT v::varchar(9), id::int8 FROM t WHERE id = 1"
+        )
+        .await
+    );
+}
+
 /// A volatile operator may write: a read it makes stale must not be served afterwards.
 #[tokio::test]
 async fn a_volatile_operator_that_writes_invalidates() {

@@ -53,6 +53,11 @@ pub struct StatementInfo {
     /// user-defined one may be volatile; implicit ones (`ORDER BY`, `GROUP BY`, `DISTINCT`, join
     /// conditions of `USING`) are not listed.
     pub operators: Vec<OperatorName>,
+    /// The target type of every explicit cast (`x::t`, `CAST(x AS t)`, `t 'literal'`), array
+    /// bounds and type modifiers dropped: a cast runs a function (the cast's own, or the type's
+    /// input function), which a user-defined cast or type may make volatile. Implicit casts
+    /// are not listed.
+    pub casts: Vec<TypeName>,
     /// SQL-standard niladic functions (`CURRENT_TIMESTAMP`, `CURRENT_USER`, ...), which the
     /// grammar does not turn into named calls: their results depend on time or role.
     pub sql_value_functions: Vec<SqlValueFunction>,
@@ -137,7 +142,18 @@ pub struct OperatorName {
     pub name: String,
 }
 
+/// A type name as written in a cast (`int` and other SQL keywords come as `pg_catalog.int4`
+/// and the like, as the parser spells them).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TypeName {
+    /// The schema, when the name was qualified.
+    pub schema: Option<String>,
+    /// The type's own name.
+    pub name: String,
+}
+
 qualified_name_impls!(RelationName);
+qualified_name_impls!(TypeName);
 qualified_name_impls!(FunctionName);
 qualified_name_impls!(OperatorName);
 

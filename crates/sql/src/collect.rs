@@ -5,7 +5,7 @@
 use pg_query::protobuf::{self, node::Node as NodeEnum, Node, ObjectType, SqlValueFunctionOp};
 use pg_query::NodeRef;
 
-use crate::analysis::{FunctionName, OperatorName, RelationName, SqlValueFunction};
+use crate::analysis::{FunctionName, OperatorName, RelationName, SqlValueFunction, TypeName};
 use crate::children::for_each_child;
 use crate::temp;
 use crate::text::name_parts;
@@ -28,6 +28,7 @@ pub(crate) struct Collector {
     pub writes: Vec<RelationName>,
     pub functions: Vec<FunctionName>,
     pub operators: Vec<OperatorName>,
+    pub casts: Vec<TypeName>,
     pub sql_value_functions: Vec<SqlValueFunction>,
     pub locking: bool,
     pub data_modifying_cte: bool,
@@ -53,6 +54,16 @@ impl Collector {
             }
             NodeRef::SubLink(link) => {
                 self.operator(&link.oper_name);
+                self.children(node, role);
+            }
+            NodeRef::TypeCast(cast) => {
+                if let Some(name) = cast
+                    .type_name
+                    .as_ref()
+                    .and_then(|t| TypeName::from_parts(&name_parts(&t.names)))
+                {
+                    push_unique(&mut self.casts, name);
+                }
                 self.children(node, role);
             }
             NodeRef::SortBy(sort) => {

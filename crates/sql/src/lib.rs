@@ -31,7 +31,7 @@ mod text;
 mod transaction;
 
 pub use analysis::{
-    Analysis, FunctionName, OperatorName, RelationName, SqlValueFunction, StatementInfo,
+    Analysis, FunctionName, OperatorName, RelationName, SqlValueFunction, StatementInfo, TypeName,
 };
 pub use error::SqlError;
 pub use kind::{DiscardKind, StatementKind};

@@ -729,3 +729,40 @@ fn operators_everywhere() {
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// Each row: a statement and the target type of every explicit cast it must report.
+#[test]
+fn casts_everywhere() {
+    let rows: &[(&str, &[&str])] = &[
+        ("SELECT 1", &[]),
+        (
+            "SELECT x::int, CAST(y AS text), z::app.money2 FROM t",
+            &["pg_catalog.int4", "text", "app.money2"],
+        ),
+        (
+            "SELECT date '2024-01-01', '{1}'::int[], 'a'::varchar(3)",
+            &["date", "pg_catalog.int4", "pg_catalog.varchar"],
+        ),
+        (
+            "SELECT v FROM t WHERE id = (SELECT max(k)::bigint FROM u)",
+            &["pg_catalog.int8"],
+        ),
+        ("SELECT \"MyType\" '7', '7'::mytype", &["MyType", "mytype"]),
+    ];
+    let mut failures = Vec::new();
+    for (sql, want) in rows {
+        let analysis = sql::analyze(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut got: Vec<String> = analysis.statements[0]
+            .casts
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        got.sort();
+        let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        if got != want {
+            failures.push(format!("{sql}\n  got  {got:?}\n  want {want:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}

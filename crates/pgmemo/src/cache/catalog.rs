@@ -86,6 +86,12 @@ pub struct Facts {
     /// that are part of the key (`TimeZone` for the timestamptz comparisons,
     /// `default_text_search_config` for `@@` on text, the output functions of `||`).
     pub operators: Vec<Function>,
+    /// For each cast target type name, the functions a cast to it may run that are not
+    /// built-in choices: the functions of user-defined casts (`pg_cast.oid` ≥
+    /// [`FIRST_NORMAL_OBJECT_ID`], whatever their source type) and the type's input function
+    /// when it was created after initdb. Built-in casts are left out for the operators'
+    /// reason (the stable ones depend on `TimeZone`, `lc_monetary` and `search_path`).
+    pub casts: Vec<Function>,
 }
 
 /// Why a lookup's answer could not be read.
@@ -143,6 +149,7 @@ pub fn lookup_query(
     relations: &[Name<'_>],
     functions: &[Name<'_>],
     operators: &[Name<'_>],
+    casts: &[Name<'_>],
 ) -> Result<String, CatalogError> {
     let mut q = String::with_capacity(4096);
     q.push_str("/* pgmemo catalog lookup */ WITH RECURSIVE names(i, nsp, rel) AS (");
@@ -151,6 +158,8 @@ pub fn lookup_query(
     values(&mut q, functions)?;
     q.push_str("), onames(i, nsp, op) AS (");
     values(&mut q, operators)?;
+    q.push_str("), tnames(i, nsp, typ) AS (");
+    values(&mut q, casts)?;
     q.push_str(LOOKUP_BODY);
     Ok(q)
 }
@@ -177,7 +186,10 @@ UNION ALL SELECT 'p', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, N
   AND ((f.nsp IS NULL AND p.pronamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
 UNION ALL SELECT 'o', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname = f.op AND o.oid >= 16384
   AND ((f.nsp IS NULL AND o.oprnamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR o.oprnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
-  JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode"#;
+  JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
+UNION ALL SELECT 'c', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM tnames f JOIN pg_catalog.pg_type t ON t.typname = f.typ
+  AND ((f.nsp IS NULL AND t.typnamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR t.typnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
+  JOIN pg_catalog.pg_proc p ON p.oid IN (SELECT c.castfunc FROM pg_catalog.pg_cast c WHERE c.casttarget = t.oid AND c.oid >= 16384 UNION ALL SELECT t.typinput::oid WHERE t.typinput::oid >= 16384)"#;
 
 /// A row of the lookup's answer, as text columns (NULL as `None`).
 pub type Row = Vec<Option<String>>;
@@ -228,16 +240,16 @@ pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
             }
             Some("u") => facts.unresolved.push(index),
             Some("t") => facts.temp_shadowed.push(index),
-            Some(kind @ ("p" | "o")) => {
+            Some(kind @ ("p" | "o" | "c")) => {
                 let function = Function {
                     name_index: index,
                     volatility: byte(row, 3),
                     oid: col(row, 2).and_then(|s| s.parse().ok()).ok_or_else(bad)?,
                 };
-                if kind == "p" {
-                    facts.functions.push(function);
-                } else {
-                    facts.operators.push(function);
+                match kind {
+                    "p" => facts.functions.push(function),
+                    "o" => facts.operators.push(function),
+                    _ => facts.casts.push(function),
                 }
             }
             _ => return Err(bad()),
@@ -252,7 +264,7 @@ mod tests {
 
     #[test]
     fn names_are_quoted_and_backslashes_refused() {
-        let q = lookup_query(&[(Some("s"), "it's")], &[], &[(None, "+")]).unwrap();
+        let q = lookup_query(&[(Some("s"), "it's")], &[], &[(None, "+")], &[(None, "t")]).unwrap();
         assert!(q.contains("(0, 's', 'it''s')"), "{q}");
         assert!(q.contains("WHERE false"), "empty function list: {q}");
         assert!(
@@ -260,7 +272,7 @@ mod tests {
             "{q}"
         );
         assert_eq!(
-            lookup_query(&[(None, "a\\b")], &[], &[]),
+            lookup_query(&[(None, "a\\b")], &[], &[], &[]),
             Err(CatalogError::UnsafeName)
         );
     }
@@ -330,6 +342,7 @@ mod tests {
             (16400, b'v')
         );
         assert_eq!(f.functions.len(), 1);
+        assert!(f.casts.is_empty());
         assert_eq!(f.relations[0].oid, 16387);
         assert_eq!(f.relations[0].reach, Reach::Named);
         assert_eq!(f.unresolved, vec![1]);

@@ -207,6 +207,8 @@ pub struct LookupNames {
     pub relations: Vec<OwnedName>,
     pub functions: Vec<OwnedName>,
     pub operators: Vec<OwnedName>,
+    /// Target types of explicit casts.
+    pub casts: Vec<OwnedName>,
 }
 
 /// The names `statements` need looked up.
@@ -227,6 +229,9 @@ pub fn names_to_look_up(statements: &[StatementInfo]) -> LookupNames {
         for o in &s.operators {
             add(&mut names.operators, &o.schema, &o.name);
         }
+        for c in &s.casts {
+            add(&mut names.casts, &c.schema, &c.name);
+        }
     }
     names
 }
@@ -235,7 +240,7 @@ pub fn names_to_look_up(statements: &[StatementInfo]) -> LookupNames {
 pub fn needs_catalog(statements: &[StatementInfo]) -> bool {
     statements.iter().any(|s| {
         !s.functions.is_empty()
-            || (!s.operators.is_empty() && is_query(s))
+            || ((!s.operators.is_empty() || !s.casts.is_empty()) && is_query(s))
             || (!s.reads.is_empty() && is_query(s))
             || (!s.writes.is_empty() && is_dml(&s.kind))
     })
@@ -331,30 +336,37 @@ fn worst_volatility(s: &StatementInfo, inputs: &Inputs<'_>) -> Option<u8> {
             return None;
         }
     }
-    // Only user-defined operators are in the answer (see `catalog::Facts::operators`); an
-    // operator name with none is a built-in one.
-    for o in &s.operators {
-        let i = name_index(&inputs.names.operators, &o.schema, &o.name)?;
-        for p in facts.operators.iter().filter(|p| p.name_index == i) {
-            worst = worse(worst, p.volatility);
-        }
-    }
-    Some(worst)
+    Some(hidden_calls(s, inputs, facts).fold(worst, worse))
 }
 
-/// Whether the catalog's answer shows a volatile user-defined operator in `s`.
-fn calls_volatile_operator(s: &StatementInfo, inputs: &Inputs<'_>) -> bool {
-    let Some(facts) = inputs.facts else {
-        return false;
-    };
-    s.operators.iter().any(|o| {
-        name_index(&inputs.names.operators, &o.schema, &o.name).is_some_and(|i| {
-            facts
-                .operators
-                .iter()
-                .any(|p| p.name_index == i && p.volatility == b'v')
-        })
+/// The volatilities of the functions `s` calls without naming them, as far as the catalog's
+/// answer has them: behind its user-defined operators and casts (see `catalog::Facts`; an
+/// operator or cast with none is a built-in one).
+fn hidden_calls<'a>(
+    s: &'a StatementInfo,
+    inputs: &'a Inputs<'_>,
+    facts: &'a Facts,
+) -> impl Iterator<Item = u8> + 'a {
+    let operators = s.operators.iter().filter_map(|o| {
+        name_index(&inputs.names.operators, &o.schema, &o.name).map(|i| (&facts.operators, i))
+    });
+    let casts = s.casts.iter().filter_map(|c| {
+        name_index(&inputs.names.casts, &c.schema, &c.name).map(|i| (&facts.casts, i))
+    });
+    operators.chain(casts).flat_map(|(found, i)| {
+        found
+            .iter()
+            .filter(move |p| p.name_index == i)
+            .map(|p| p.volatility)
     })
+}
+
+/// Whether the catalog's answer shows a volatile function behind a user-defined operator or
+/// cast of `s`.
+fn calls_volatile_hidden(s: &StatementInfo, inputs: &Inputs<'_>) -> bool {
+    inputs
+        .facts
+        .is_some_and(|facts| hidden_calls(s, inputs, facts).any(|v| v == b'v'))
 }
 
 /// The worse of two volatilities (`v` > `s` > `i`; anything else counts as `v`).
@@ -430,13 +442,13 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         }
     }
     // A volatile (or unknown) function may write anything; some may change settings. So may
-    // a volatile user-defined operator (known only from the catalog: without it, operators are
-    // taken for the built-in ones nearly every statement uses).
+    // one behind a user-defined operator or cast (known only from the catalog: without it,
+    // operators and casts are taken for the built-in ones nearly every statement uses).
     if !s.functions.is_empty() && worst_volatility(s, inputs).is_none_or(|v| v == b'v') {
         e.database_wide = true;
         e.settings |= may_change_settings(s, inputs);
     }
-    if calls_volatile_operator(s, inputs) {
+    if calls_volatile_hidden(s, inputs) {
         e.database_wide = true;
         e.settings = true;
     }
@@ -515,7 +527,10 @@ fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal
     if s.sql_value_functions.iter().any(|f| f.is_time()) {
         return Err(Refusal::TimeFunction);
     }
-    let needs_facts = !s.reads.is_empty() || !s.functions.is_empty() || !s.operators.is_empty();
+    let needs_facts = !s.reads.is_empty()
+        || !s.functions.is_empty()
+        || !s.operators.is_empty()
+        || !s.casts.is_empty();
     let facts = match inputs.facts {
         Some(f) => f,
         None if needs_facts => return Err(Refusal::CatalogUnavailable),

@@ -175,12 +175,12 @@ async fn look_up<C: Catalog>(
             .map(|(s, n)| (s.as_deref(), n.as_str()))
             .collect()
     }
-    let (r, f, o) = (
-        borrowed(&names.relations),
-        borrowed(&names.functions),
-        borrowed(&names.operators),
-    );
-    let Ok(sql) = catalog::lookup_query(&r, &f, &o) else {
+    let Ok(sql) = catalog::lookup_query(
+        &borrowed(&names.relations),
+        &borrowed(&names.functions),
+        &borrowed(&names.operators),
+        &borrowed(&names.casts),
+    ) else {
         return Ok(None);
     };
     p.cache
@@ -191,7 +191,7 @@ async fn look_up<C: Catalog>(
     Ok(rows.and_then(|rows| catalog::parse_facts(&rows).ok()))
 }
 
-/// The worst volatility of the functions (and user-defined operators) the views among `facts`
+/// The worst volatility of the functions (user-defined operators and casts included) the views among `facts`
 /// call: `b'?'` when a function cannot be resolved, `None` when no view is involved.
 async fn view_function_volatility<C: Catalog>(
     p: &Planning<'_>,
@@ -217,6 +217,7 @@ async fn view_function_volatility<C: Catalog>(
                 let found = plan::names_to_look_up(&a.statements);
                 names.functions.extend(found.functions);
                 names.operators.extend(found.operators);
+                names.casts.extend(found.casts);
             }
             Err(_) => return Ok(Some(b'?')),
         }
@@ -224,10 +225,10 @@ async fn view_function_volatility<C: Catalog>(
     if !any_view {
         return Ok(None);
     }
-    if names.functions.is_empty() && names.operators.is_empty() {
+    if names.functions.is_empty() && names.operators.is_empty() && names.casts.is_empty() {
         return Ok(Some(b'i'));
     }
-    for list in [&mut names.functions, &mut names.operators] {
+    for list in [&mut names.functions, &mut names.operators, &mut names.casts] {
         list.sort();
         list.dedup();
     }
@@ -241,6 +242,7 @@ async fn view_function_volatility<C: Catalog>(
         .functions
         .iter()
         .chain(&f.operators)
+        .chain(&f.casts)
         .map(|p| p.volatility)
         .fold(b'i', plan::worse);
     Ok(Some(worst))
