@@ -213,6 +213,27 @@ async fn show_servers_follows_a_session_connection_from_active_to_idle() {
         .await
         .iter()
         .any(|r| value(r, "command") == "SHOW SERVERS"));
+
+    // Seconds in a state count from the state's start, not from the connection's.
+    let seconds = |row: &[(String, Option<String>)], column: &str| -> u64 {
+        value(row, column).parse().unwrap()
+    };
+    let idle = testkit::eventually_some(std::time::Duration::from_secs(10), || async {
+        server_row(&console, pid)
+            .await
+            .filter(|r| value(r, "state") == "idle" && seconds(r, "state_seconds") >= 1)
+    })
+    .await
+    .expect("the idle row's state_seconds reaches 1");
+    assert!(seconds(&idle, "connected_seconds") >= seconds(&idle, "state_seconds"));
+    let again = memo.client("postgres", "postgres").await;
+    assert_eq!(backend_pid(&again).await, pid, "the idle server is reused");
+    let row = server_row(&console, pid).await.expect("listed");
+    assert_eq!(value(&row, "state"), "active");
+    assert!(
+        seconds(&row, "state_seconds") < seconds(&row, "connected_seconds"),
+        "a fresh state starts from zero: {row:?}"
+    );
 }
 
 /// Transaction pooling: between transactions the connection is idle in the pool, and it
