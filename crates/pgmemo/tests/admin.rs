@@ -171,6 +171,48 @@ async fn reload_applies_the_configuration_source() {
     assert_eq!(value(size, "value"), "7");
 }
 
+/// The admin console checks a login's role on a pooled server. In transaction pooling that
+/// server goes back as it was: pgmemo tracks the statements it prepared there and the settings
+/// it replayed, and a reset query (`DISCARD ALL`) behind the tracking's back made the next
+/// Bind fail with "prepared statement does not exist" and lost the client's settings.
+#[tokio::test]
+async fn an_admin_login_leaves_a_transaction_pooled_server_as_it_was() {
+    let pg = cluster().await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.pool_mode = pgmemo::config::PoolMode::Transaction;
+    // One server: the console's check borrows the very connection the app uses.
+    config.pool_size = 1;
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let app = memo.client("postgres", "postgres").await;
+    let pid = backend_pid(&app).await;
+    let stmt = app.prepare("SELECT $1::int + 1").await.unwrap();
+    assert_eq!(
+        app.query_one(&stmt, &[&1i32])
+            .await
+            .unwrap()
+            .get::<_, i32>(0),
+        2
+    );
+    app.batch_execute("SET application_name = 'kept'")
+        .await
+        .unwrap();
+    let show_app_name = || async {
+        app.query_one("SHOW application_name", &[])
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    assert_eq!(show_app_name().await, "kept");
+
+    let console = admin(&memo, "postgres").await.unwrap();
+    rows(&console, "SHOW VERSION").await;
+
+    assert_eq!(backend_pid(&app).await, pid, "the same server");
+    let after = app.query_one(&stmt, &[&41i32]).await;
+    assert_eq!(after.unwrap().get::<_, i32>(0), 42);
+    assert_eq!(show_app_name().await, "kept");
+}
+
 /// The row of `SHOW SERVERS` for the server process `pid`, if listed.
 async fn server_row(console: &Client, pid: i32) -> Option<Vec<(String, Option<String>)>> {
     rows(console, "SHOW SERVERS")

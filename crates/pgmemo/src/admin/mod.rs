@@ -30,7 +30,7 @@ pub use command::AdminCommand;
 pub use table::Table;
 
 use crate::client::{ClientConn, ClientError};
-use crate::pool::{ReleaseState, ServerConn};
+use crate::pool::ServerConn;
 use crate::registry::ClientInfo;
 use crate::shared::Shared;
 
@@ -99,11 +99,7 @@ async fn authorize(
     } else {
         admins.contains(&user)
     };
-    lease.release(
-        server,
-        ReleaseState::Boundary(TransactionStatus::Idle),
-        crate::client::pool_settings(&shared.config()),
-    );
+    crate::client::give_back_unused(lease, server, &shared.config());
     if !allowed {
         return Err(ClientError::Refused(
             ErrorResponse::fatal(

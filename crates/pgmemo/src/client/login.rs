@@ -12,7 +12,7 @@ use wire::startup::StartupMessage;
 use super::auth::{authenticate_locally, relay_upstream_auth};
 use super::{ClientConn, ClientError};
 use crate::config::{AuthType, Config, PoolMode};
-use crate::pool::{Lease, PoolKey, PoolSettings, ServerConn, ServerCredential};
+use crate::pool::{Lease, PoolKey, PoolSettings, ReleaseState, ServerConn, ServerCredential};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -97,6 +97,23 @@ pub fn pool_settings(config: &Config) -> PoolSettings {
         server_check_delay: config.server_check_delay.0,
         server_check_query: config.server_check_query.clone(),
         server_reset_query: config.server_reset_query.clone(),
+    }
+}
+
+/// Gives back a server connection lent at login that no client request used (the admin
+/// console's role check, a client gone before its first request). In transaction pooling
+/// pgmemo tracks what the server holds (its prepared statements, its settings), so the
+/// connection goes straight back to its pool: the reset query (`DISCARD ALL`) would drop
+/// what the tracking says is there. In session pooling it is reset as after any session.
+pub fn give_back_unused(lease: Lease, server: Box<ServerConn>, config: &Config) {
+    if config.pool_mode == PoolMode::Transaction {
+        lease.return_idle(server, true);
+    } else {
+        lease.release(
+            server,
+            ReleaseState::Boundary(backend::TransactionStatus::Idle),
+            pool_settings(config),
+        );
     }
 }
 

@@ -23,6 +23,7 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 
 pub use conn::ClientConn;
+pub(crate) use login::give_back_unused;
 pub(crate) use login::login as login_for_admin;
 pub use login::pool_settings;
 

@@ -102,11 +102,7 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
     hello.extend_from_slice(&backend::backend_key_data(registration.key));
     hello.extend_from_slice(&backend::ready_for_query(server.status));
     if client.send(&hello).await.is_err() {
-        lease.release(
-            server,
-            crate::pool::ReleaseState::Boundary(wire::backend::TransactionStatus::Idle),
-            pool_settings(&shared.config()),
-        );
+        super::give_back_unused(lease, server, &shared.config());
         return;
     }
     let started = Instant::now();
