@@ -413,6 +413,89 @@ async fn reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
     .await;
 }
 
+/// The same in the extended protocol: a named statement's Bind/Execute and an unnamed
+/// statement's Parse/Bind/Describe/Execute inside a read-committed block that has not written
+/// are answered from the cache; once it wrote, or under REPEATABLE READ, they go to the server.
+#[tokio::test]
+async fn extended_reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
+    within(DEADLINE, async {
+        // Two clients in blocks hold a server each; the admin console needs a third.
+        let (_pg, memo, direct) = setup(3).await;
+        let c = memo.client("postgres", "postgres").await;
+        let named = c.prepare("SELECT v FROM t WHERE id = $1").await.unwrap();
+        let by_name = || async {
+            c.query_one(&named, &[&1i32])
+                .await
+                .unwrap()
+                .get::<_, String>(0)
+        };
+        let mut r = raw::Raw::connect(memo.addr()).await;
+        let unnamed = [
+            raw::parse("SELECT v || '' FROM t WHERE id = $1", &[23]),
+            raw::bind(&["1"]),
+            raw::describe_portal(),
+            raw::execute(),
+            raw::sync(),
+        ];
+        // Stored outside a block (a cheap result from its second miss on).
+        for _ in 0..3 {
+            assert_eq!(by_name().await, "one");
+            assert_eq!(r.round_trip(&unnamed).await.1, ["one"]);
+        }
+        direct
+            .batch_execute("UPDATE t SET v = 'direct' WHERE id = 1")
+            .await
+            .unwrap();
+        let hits = show_cache(&memo, "hits").await;
+        c.batch_execute("BEGIN").await.unwrap();
+        r.round_trip(&[raw::query("BEGIN")]).await;
+        assert_eq!(
+            by_name().await,
+            "one",
+            "a named statement's read in the block"
+        );
+        let (tags, values) = r.round_trip(&unnamed).await;
+        assert_eq!(values, ["one"], "an unnamed statement's read in the block");
+        assert_eq!(
+            tags,
+            ['1', '2', 'T', 'D', 'C', 'Z'],
+            "as PostgreSQL answers"
+        );
+        assert_eq!(show_cache(&memo, "hits").await, hits + 2);
+        // The block goes on at the server as usual, the unnamed statement too.
+        assert_eq!(
+            first(&c, "SELECT count(*) FROM t").await.as_deref(),
+            Some("2")
+        );
+        let (_, values) = r
+            .round_trip(&[raw::bind(&["2"]), raw::execute(), raw::sync()])
+            .await;
+        assert_eq!(values, ["two"]);
+        c.batch_execute("UPDATE t SET v = 'mine' WHERE id = 2")
+            .await
+            .unwrap();
+        r.round_trip(&[raw::query("INSERT INTO t (id, v) VALUES (3, 'three')")])
+            .await;
+        assert_eq!(by_name().await, "direct", "after the block wrote");
+        assert_eq!(
+            r.round_trip(&unnamed).await.1,
+            ["direct"],
+            "after the block wrote"
+        );
+        c.batch_execute("ROLLBACK").await.unwrap();
+        r.round_trip(&[raw::query("ROLLBACK")]).await;
+        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .unwrap();
+        assert_eq!(by_name().await, "direct", "repeatable read");
+        c.batch_execute("COMMIT").await.unwrap();
+        // Outside the block the entries still answer (nothing wrote t through pgmemo).
+        assert_eq!(by_name().await, "one");
+        assert_eq!(r.round_trip(&unnamed).await.1, ["one"]);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
     within(DEADLINE, async {

@@ -689,7 +689,14 @@ impl Pumps<'_, '_> {
         let translated = {
             let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
             let mut translated = Ok(false);
-            while let Ok(Some(frame)) = Frame::decode(client_buf, self.opts.max_message) {
+            loop {
+                if requests::batch_hit_in_block(client_buf, &mut link, self.opts.max_message) {
+                    translated = Ok(true);
+                    continue;
+                }
+                let Ok(Some(frame)) = Frame::decode(client_buf, self.opts.max_message) else {
+                    break;
+                };
                 translated = requests::translate(frame, &mut link, self.registry, server_out);
                 if translated.is_err() {
                     break;
@@ -848,6 +855,13 @@ impl Pumps<'_, '_> {
                 }
             }
             loop {
+                {
+                    let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                    if requests::batch_hit_in_block(buf, &mut link, self.opts.max_message) {
+                        wake = true;
+                        continue;
+                    }
+                }
                 let frame = match Frame::decode(buf, self.opts.max_message) {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,

@@ -220,15 +220,41 @@ fn unnamed_parsed(
 /// A simple Query inside a transaction block answered from the cache, when nothing is owed
 /// to the client before it (so the answer goes out in order) and no SET is pending.
 fn hit_in_block(frame: &Frame, link: &mut Link<'_>) -> Option<Bytes> {
-    if link.client.status != wire::backend::TransactionStatus::InTransaction
-        || !link.queue.is_empty()
-        || link.mid_batch
-        || !link.txn.pending.is_empty()
-    {
+    if !in_block_between_requests(link) {
         return None;
     }
     let text = frame.body().strip_suffix(b"\0")?;
     link.cache.as_deref_mut()?.hit_in_block(text, link.client)
+}
+
+/// Answers the extended-protocol read at the front of `buf` from the cache when the client
+/// is inside a transaction block under the conditions of [`hit_in_block`]: the batch is taken
+/// from `buf` and its answer queued as pgmemo's own (`true`: the server pump must send it).
+/// Called before the batch's first message is decoded, since a hit needs the whole batch.
+pub fn batch_hit_in_block(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize) -> bool {
+    if !matches!(
+        buf.first(),
+        Some(&(frontend::tag::PARSE | frontend::tag::BIND))
+    ) || !in_block_between_requests(link)
+    {
+        return false;
+    }
+    let Some(cache) = link.cache.as_deref_mut() else {
+        return false;
+    };
+    let Some(answer) = cache.batch_hit_in_block(buf, link.client, max_message) else {
+        return false;
+    };
+    link.queue.push_back(Entry::local(answer));
+    true
+}
+
+/// Inside a transaction block, nothing owed to the client, no batch begun, no SET pending.
+fn in_block_between_requests(link: &Link<'_>) -> bool {
+    link.client.status == wire::backend::TransactionStatus::InTransaction
+        && link.queue.is_empty()
+        && !link.mid_batch
+        && link.txn.pending.is_empty()
 }
 
 fn query(

@@ -9,7 +9,8 @@
 //! While attached, every statement contributes its effects when its answer arrives; a COMMIT
 //! (or the ReadyForQuery ending an autocommit statement) applies them before the client sees
 //! it, a ROLLBACK drops them. Inside a transaction block that has not written, a simple Query
-//! may be answered from the cache (`hit_in_block`); nothing read in a block is stored.
+//! or an extended-protocol read may be answered from the cache (`hit_in_block`,
+//! `batch_hit_in_block`); nothing read in a block is stored.
 
 mod effects;
 mod request;

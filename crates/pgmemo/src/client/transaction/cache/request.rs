@@ -247,13 +247,7 @@ impl TxnCache {
     /// conditions under which session pooling serves reads in a block). Ends with
     /// ReadyForQuery('T').
     pub fn hit_in_block(&mut self, text: &[u8], state: &ClientState) -> Option<Bytes> {
-        let t = &self.txn;
-        if t.writes_data() || t.settings || t.ddl || t.snapshot {
-            return None;
-        }
-        self.usable().ok()?;
-        let context = self.context(state)?;
-        if context.snapshot_by_default() {
+        if !self.block_may_hit(state) {
             return None;
         }
         self.tail.clear();
@@ -267,5 +261,42 @@ impl TxnCache {
         let bytes = Bytes::copy_from_slice(&answer);
         self.recycle(answer);
         Some(bytes)
+    }
+
+    /// The answer to the extended-protocol read at the front of `buf` (`[Parse] Bind
+    /// [Describe] Execute Sync`, as a detached client's) inside a transaction block, under the
+    /// conditions of [`Self::hit_in_block`]; on a hit the batch is taken from `buf` (its
+    /// unnamed Parse becomes the client's unnamed statement, sent to a server only when a
+    /// later request needs it). Ends with ReadyForQuery('T').
+    pub fn batch_hit_in_block(
+        &mut self,
+        buf: &mut BytesMut,
+        state: &mut ClientState,
+        max_message: usize,
+    ) -> Option<Bytes> {
+        if !self.block_may_hit(state) {
+            return None;
+        }
+        let request = self.request(buf, state, max_message)?;
+        if !matches!(request.kind, Kind::Batch { .. }) {
+            return None;
+        }
+        let answer = self.hit(&request, state, TransactionStatus::InTransaction)?;
+        let bytes = Bytes::copy_from_slice(&answer);
+        self.recycle(answer);
+        self.consume(buf, &request, state);
+        Some(bytes)
+    }
+
+    /// Whether reads in the client's transaction block may be answered from the cache: the
+    /// block has not written, changed settings or run DDL, and runs under READ COMMITTED (the
+    /// conditions under which session pooling serves reads in a block).
+    fn block_may_hit(&self, state: &ClientState) -> bool {
+        let t = &self.txn;
+        !(t.writes_data() || t.settings || t.ddl || t.snapshot)
+            && self.usable().is_ok()
+            && self
+                .context(state)
+                .is_some_and(|c| !c.snapshot_by_default())
     }
 }
