@@ -282,6 +282,51 @@ async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
     .await
 }
 
+/// Another client can drop every statement pgmemo prepared on a server it shares
+/// (`DEALLOCATE ALL` inside `DO` reaches the server as is): the next execution on that server
+/// prepares the statement again and runs, instead of failing with "does not exist".
+#[tokio::test]
+async fn a_statement_dropped_behind_pgmemos_back_is_prepared_again() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let st = a.prepare("SELECT $1::int * 2").await.unwrap();
+        assert_eq!(
+            a.query_one(&st, &[&21i32]).await.unwrap().get::<_, i32>(0),
+            42
+        );
+        b.batch_execute("DO $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$")
+            .await
+            .unwrap();
+        let again = a.query_one(&st, &[&4i32]).await;
+        assert_eq!(
+            again
+                .map(|r| r.get::<_, i32>(0))
+                .map_err(|e| db_message(&e)),
+            Ok(8)
+        );
+        // Inside a transaction block the statement fails once (the block is aborted, as
+        // PostgreSQL would abort it) and runs again after it.
+        a.query_one(&st, &[&1i32]).await.unwrap();
+        b.batch_execute("DO $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$")
+            .await
+            .unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        let in_block = a.query_one(&st, &[&5i32]).await;
+        assert!(
+            db_message(&in_block.unwrap_err()).contains("does not exist"),
+            "the first use in the block reports the lost statement"
+        );
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(
+            a.query_one(&st, &[&5i32]).await.unwrap().get::<_, i32>(0),
+            10
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_column_added_between_executions_shows_up_without_an_error() {
     within(TEST_DEADLINE, async {

@@ -23,7 +23,7 @@ pub const NO_OP: &str = "DO $pgmemo$BEGIN END$pgmemo$";
 
 /// SQLSTATEs PostgreSQL uses for the errors pgmemo raises in its place.
 const DUPLICATE_PSTATEMENT: &str = "42P05";
-const INVALID_SQL_STATEMENT_NAME: &str = "26000";
+use wire::sqlstate::INVALID_SQL_STATEMENT_NAME;
 const ACTIVE_SQL_TRANSACTION: &str = "25001";
 
 /// Which protocol carried the text.

@@ -344,24 +344,29 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
 
 /// After DDL changed a table's row type, a statement prepared before it fails at Bind with
 /// "cached plan must not change result type" on every use: pgmemo forgets it on this server
-/// and closes it before the next request. When the failed batch ran nothing before that Bind,
-/// is not inside a transaction block and nothing was sent after its Sync, it is retried once
-/// (returns where the replay starts); otherwise the client sees the error and its next
-/// execution succeeds.
+/// and closes it before the next request. A statement pgmemo prepared may also be gone from
+/// the server behind its back (`DEALLOCATE ALL` run by another client through a function or
+/// `DO`): pgmemo forgets it there too, and prepares it again at its next use. When the failed
+/// batch ran nothing before that Bind, is not inside a transaction block and nothing was sent
+/// after its Sync, it is retried once (returns where the replay starts); otherwise the client
+/// sees the error and its next execution succeeds.
 fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
     let entry = link.queue.front()?;
     let statement = entry.uses.clone()?;
     let from = entry.frame;
     let described = entry.described;
-    let stale = wire::ErrorResponse::parse(body).is_ok_and(|e| {
-        e.code == wire::sqlstate::FEATURE_NOT_SUPPORTED
-            && e.message == "cached plan must not change result type"
-    });
-    if !stale {
+    let error = wire::ErrorResponse::parse(body).ok()?;
+    let plan_changed = error.code == wire::sqlstate::FEATURE_NOT_SUPPORTED
+        && error.message == "cached plan must not change result type";
+    let vanished = error.code == wire::sqlstate::INVALID_SQL_STATEMENT_NAME
+        && error.message == format!("prepared statement \"{}\" does not exist", statement.name);
+    if !plan_changed && !vanished {
         return None;
     }
     link.server.statements.remove(statement.id);
-    link.server.stale.push(statement.name.clone());
+    if plan_changed {
+        link.server.stale.push(statement.name.clone());
+    }
     let sync_is_last = link
         .queue
         .iter()
