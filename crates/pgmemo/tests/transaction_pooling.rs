@@ -282,6 +282,36 @@ async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
     .await
 }
 
+/// `DO` and `CALL` run code that may `SET` (persisting once the transaction commits), which
+/// pgmemo cannot follow: the server they ran on is reset before its next use, so the setting
+/// never reaches the next client.
+#[tokio::test]
+async fn settings_changed_inside_do_or_call_do_not_leak_to_other_clients() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let app_name = value(&a, "SHOW application_name").await;
+        b.batch_execute("DO $$BEGIN SET application_name = 'from_do'; END$$")
+            .await
+            .unwrap();
+        assert_eq!(value(&a, "SHOW application_name").await, app_name);
+        let proc = unique("txn_proc");
+        b.batch_execute(&format!(
+            "CREATE PROCEDURE {proc}() LANGUAGE plpgsql AS $$BEGIN SET TimeZone = 'Asia/Tokyo'; END$$"
+        ))
+        .await
+        .unwrap();
+        let zone = value(&a, "SHOW TimeZone").await;
+        b.batch_execute(&format!("CALL {proc}()")).await.unwrap();
+        assert_eq!(value(&a, "SHOW TimeZone").await, zone);
+        b.batch_execute(&format!("DROP PROCEDURE {proc}"))
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
 /// Another client can drop every statement pgmemo prepared on a server it shares
 /// (`DEALLOCATE ALL` inside `DO` reaches the server as is): the next execution on that server
 /// prepares the statement again and runs, instead of failing with "does not exist".

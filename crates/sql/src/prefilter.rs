@@ -16,7 +16,7 @@ const TEMP_SCHEMA_PREFIX: &[u8] = b"PG_TEMP";
 
 /// Whether `sql` could contain a statement that changes or depends on session state: one that
 /// begins with `SET`, `RESET`, `PREPARE`, `EXECUTE`, `DEALLOCATE`, `DISCARD`, `LISTEN`,
-/// `UNLISTEN` or `DECLARE`, or that mentions anywhere `TEMP`, `TEMPORARY`, `EXECUTE`,
+/// `UNLISTEN`, `DECLARE`, `DO` or `CALL` (code that may run `SET`), or that mentions anywhere `TEMP`, `TEMPORARY`, `EXECUTE`,
 /// `pg_temp...`, `set_config` or a session-level advisory lock function (`pg_advisory_lock`,
 /// `pg_advisory_lock_shared`, `pg_try_advisory_lock`, `pg_try_advisory_lock_shared`).
 ///
@@ -339,7 +339,8 @@ fn word_end(bytes: &[u8], mut i: usize) -> usize {
 }
 
 /// Whether `word` is one of the words [`may_affect_session`] looks for: a statement word
-/// (`SET`, `RESET`, `PREPARE`, `DEALLOCATE`, `DISCARD`, `LISTEN`, `UNLISTEN`, `DECLARE`; counted
+/// (`SET`, `RESET`, `PREPARE`, `DEALLOCATE`, `DISCARD`, `LISTEN`, `UNLISTEN`, `DECLARE`, `DO`,
+/// `CALL`; counted
 /// only `at_start`), an anywhere word (`TEMP`, `TEMPORARY`, `EXECUTE`, `SET_CONFIG`, the four
 /// session-level advisory lock functions), or one beginning with [`TEMP_SCHEMA_PREFIX`].
 /// Every word of every query comes here, so its length and first letter pick the one or two
@@ -351,6 +352,8 @@ fn listed(word: &[u8], at_start: bool) -> bool {
     let first = word[0] | 0x20;
     let statement = at_start
         && match (word.len(), first) {
+            (2, b'd') => is(b"DO"),
+            (4, b'c') => is(b"CALL"),
             (3, b's') => is(b"SET"),
             (5, b'r') => is(b"RESET"),
             (6, b'l') => is(b"LISTEN"),
@@ -385,9 +388,12 @@ mod tests {
     use super::*;
 
     /// Words that make a statement session-affecting when they begin it: settings (`SET`,
-    /// `RESET`), SQL-level prepared statements, `DISCARD`, `LISTEN`/`UNLISTEN` and cursors. Matched
-    /// only at a statement start, since `SET` also appears inside every `UPDATE`.
-    const STATEMENT_WORDS: [&[u8]; 8] = [
+    /// `RESET`), SQL-level prepared statements, `DISCARD`, `LISTEN`/`UNLISTEN`, cursors, and
+    /// `DO`/`CALL` (their code may run `SET`). Matched only at a statement start, since `SET`
+    /// also appears inside every `UPDATE`.
+    const STATEMENT_WORDS: [&[u8]; 10] = [
+        b"DO",
+        b"CALL",
         b"SET",
         b"RESET",
         b"PREPARE",

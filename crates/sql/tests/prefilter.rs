@@ -138,7 +138,9 @@ fn affects_session(stmt: &StatementInfo) -> bool {
             | K::Discard(_)
             | K::Listen { .. }
             | K::Unlisten { .. }
-            | K::DeclareCursor { .. } => true,
+            | K::DeclareCursor { .. }
+            | K::Do
+            | K::Call => true,
             K::Explain { inner, .. } => affects_session(inner),
             _ => false,
         }
@@ -156,6 +158,10 @@ fn affects_session(stmt: &StatementInfo) -> bool {
 
 /// Session-affecting statements in the spellings clients use.
 const SESSION_STATEMENTS: &[&str] = &[
+    "DO $$BEGIN SET search_path = app; END$$",
+    "do language plpgsql 'BEGIN NULL; END'",
+    "CALL app.refresh(1)",
+    "call refresh()",
     "SET search_path = app, public",
     "SET LOCAL statement_timeout = '5s'",
     "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",

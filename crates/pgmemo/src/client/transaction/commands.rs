@@ -291,6 +291,15 @@ impl Planner<'_> {
                     Some(NO_OP.to_owned()),
                 ))
             }
+            // Their code may run SET (it persists once the transaction commits), which
+            // pgmemo cannot follow: the server is reset before its next use.
+            StatementKind::Do | StatementKind::Call => Ok((
+                Outcome {
+                    effect: Effect::SettingsUnknown,
+                    tag: None,
+                },
+                None,
+            )),
             _ if stmt.functions.iter().any(|f| f.name == "set_config") => Ok((
                 Outcome {
                     effect: Effect::SettingsUnknown,
