@@ -308,6 +308,30 @@ async fn settings_changed_inside_do_or_call_do_not_leak_to_other_clients() {
         b.batch_execute(&format!("DROP PROCEDURE {proc}"))
             .await
             .unwrap();
+
+        // Nor do the advisory locks and temporary tables such code leaves behind.
+        let key: i64 = 7_000_000 + i64::from(std::process::id());
+        let temp = unique("txn_do_temp");
+        b.batch_execute(&format!(
+            "DO $$BEGIN PERFORM pg_advisory_lock({key}); CREATE TEMP TABLE {temp} (x int); END$$"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            value(&a, &format!("SELECT to_regclass('{temp}') IS NULL")).await,
+            "t",
+            "the temporary table was dropped before the next client"
+        );
+        let direct = LocalPostgres.client(USER, DB).await;
+        assert_eq!(
+            value(&direct, &format!("SELECT pg_try_advisory_lock({key})")).await,
+            "t",
+            "the advisory lock was released"
+        );
+        direct
+            .batch_execute(&format!("SELECT pg_advisory_unlock({key})"))
+            .await
+            .unwrap();
     })
     .await;
 }

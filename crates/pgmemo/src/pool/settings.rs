@@ -130,6 +130,13 @@ pub fn commit(changes: &[TrackedChange], client: &mut ClientSettings, server: &m
     }
 }
 
+/// What a server whose session state pgmemo lost track of runs before its next use: its
+/// settings back to their defaults, and no session-level advisory locks or temporary tables
+/// (which transaction pooling never lets a client create directly, so any there leaked from
+/// code pgmemo could not see into).
+const UNKNOWN_STATE_RESET: &str =
+    "RESET ALL;SELECT pg_catalog.pg_advisory_unlock_all();DISCARD TEMP;";
+
 /// The statements that make the server's settings equal the client's, or `None` when they
 /// already are. On success the caller records `server` as in step (done here, optimistically:
 /// a failure marks the server unknown).
@@ -142,7 +149,9 @@ pub fn sync_sql(client: &ClientSettings, server: &mut ServerSettings) -> Option<
     server.in_step_with = Some(stamp);
     let mut sql = String::new();
     if server.unknown {
-        sql.push_str("RESET ALL;");
+        // Whatever ran there (set_config, a DO block, a procedure) may also have left session
+        // state that transaction pooling refuses to create: advisory locks, temporary tables.
+        sql.push_str(UNKNOWN_STATE_RESET);
         server.applied.clear();
         server.unknown = false;
     }
@@ -399,7 +408,10 @@ mod tests {
         };
         assert_eq!(
             sync_sql(&a, &mut server).as_deref(),
-            Some("RESET ALL;SELECT pg_catalog.set_config('timezone', 'UTC', false);")
+            Some(
+                "RESET ALL;SELECT pg_catalog.pg_advisory_unlock_all();DISCARD TEMP;\
+                 SELECT pg_catalog.set_config('timezone', 'UTC', false);"
+            )
         );
     }
 
