@@ -160,6 +160,24 @@ async fn reads_that_must_not_be_cached_are_not() {
     assert!(served_from_cache(&c, &direct, "SELECT upper(v) FROM t WHERE id = 1").await);
 }
 
+/// `sql` is answered fresh after a direct write (not served from the cache), and EXPLAIN CACHE
+/// gives `reason` for it.
+async fn assert_refused(
+    memo: &PgmemoInstance,
+    c: &Client,
+    direct: &Client,
+    sql: &str,
+    reason: &str,
+) {
+    assert!(!served_from_cache(c, direct, sql).await, "{sql} was cached");
+    let explained = admin_rows(memo, &format!("EXPLAIN CACHE {sql}")).await;
+    assert_eq!(
+        explained[0][4].as_deref(),
+        Some(reason),
+        "{sql}: {explained:?}"
+    );
+}
+
 /// Operators are function calls: a user-defined one over a volatile or stable function keeps
 /// a read out of the cache (also inside a view), with the reason EXPLAIN CACHE gives.
 #[tokio::test]
@@ -185,16 +203,7 @@ async fn user_defined_operators_are_checked_for_volatility() {
         ),
         ("SELECT w FROM stable_view WHERE id = 1", "stable_function"),
     ] {
-        assert!(
-            !served_from_cache(&c, &direct, sql).await,
-            "{sql} was cached"
-        );
-        let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {sql}")).await;
-        assert_eq!(
-            explained[0][4].as_deref(),
-            Some(reason),
-            "{sql}: {explained:?}"
-        );
+        assert_refused(&memo, &c, &direct, sql, reason).await;
     }
     // Immutable user-defined operators and the built-in ones are fine.
     assert!(served_from_cache(&c, &direct, "SELECT v &&& '!' FROM t WHERE id = 1").await);
@@ -229,16 +238,7 @@ async fn user_defined_casts_are_checked_for_volatility() {
             "stable_function",
         ),
     ] {
-        assert!(
-            !served_from_cache(&c, &direct, sql).await,
-            "{sql} was cached"
-        );
-        let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {sql}")).await;
-        assert_eq!(
-            explained[0][4].as_deref(),
-            Some(reason),
-            "{sql}: {explained:?}"
-        );
+        assert_refused(&memo, &c, &direct, sql, reason).await;
     }
     assert!(served_from_cache(&c, &direct, "SELECT (v::boxed).v FROM t WHERE id = 1").await);
     assert!(

@@ -712,22 +712,9 @@ fn operators_everywhere() {
         ("UPDATE t SET a = a + 1 WHERE id = 7", &["+", "="]),
         ("CREATE VIEW v AS SELECT a % 2 FROM t", &["%"]),
     ];
-    let mut failures = Vec::new();
-    for (sql, want) in rows {
-        let analysis = sql::analyze(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let mut got: Vec<String> = analysis.statements[0]
-            .operators
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        got.sort();
-        let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
-        want.sort();
-        if got != want {
-            failures.push(format!("{sql}\n  got  {got:?}\n  want {want:?}"));
-        }
-    }
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    check_names(rows, |s| {
+        s.operators.iter().map(ToString::to_string).collect()
+    });
 }
 
 /// Each row: a statement and the target type of every explicit cast it must report.
@@ -749,14 +736,16 @@ fn casts_everywhere() {
         ),
         ("SELECT \"MyType\" '7', '7'::mytype", &["MyType", "mytype"]),
     ];
+    check_names(rows, |s| s.casts.iter().map(ToString::to_string).collect());
+}
+
+/// Checks each row (a statement and the names it must report, in any order) against the
+/// names `report` reads off the statement's analysis; lists every mismatch at once.
+fn check_names(rows: &[(&str, &[&str])], report: impl Fn(&sql::StatementInfo) -> Vec<String>) {
     let mut failures = Vec::new();
     for (sql, want) in rows {
         let analysis = sql::analyze(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let mut got: Vec<String> = analysis.statements[0]
-            .casts
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let mut got = report(&analysis.statements[0]);
         got.sort();
         let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
         want.sort();

@@ -277,9 +277,20 @@ mod tests {
         );
     }
 
+    fn r(v: &[Option<&str>]) -> Row {
+        v.iter().map(|c| c.map(str::to_owned)).collect()
+    }
+
+    /// A function row of the answer (`p`, `o` or `c`) for name 0: only its first four
+    /// columns are set.
+    fn function_row(kind: &str, oid: &str, volatility: &str) -> Row {
+        let mut row = r(&[Some(kind), Some("0"), Some(oid), Some(volatility)]);
+        row.resize(11, None);
+        row
+    }
+
     #[test]
     fn rows_are_read() {
-        let r = |v: &[Option<&str>]| v.iter().map(|c| c.map(str::to_owned)).collect::<Row>();
         let rows = vec![
             r(&[
                 Some("r"),
@@ -307,34 +318,10 @@ mod tests {
                 None,
                 None,
             ]),
-            r(&[
-                Some("p"),
-                Some("0"),
-                Some("1396"),
-                Some("i"),
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-                None,
-            ]),
+            function_row("p", "1396", "i"),
+            function_row("o", "16400", "v"),
+            function_row("c", "16401", "s"),
         ];
-        let mut rows = rows;
-        rows.push(r(&[
-            Some("o"),
-            Some("0"),
-            Some("16400"),
-            Some("v"),
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        ]));
         let f = parse_facts(&rows).unwrap();
         assert_eq!(f.operators.len(), 1);
         assert_eq!(
@@ -342,7 +329,7 @@ mod tests {
             (16400, b'v')
         );
         assert_eq!(f.functions.len(), 1);
-        assert!(f.casts.is_empty());
+        assert_eq!((f.casts[0].oid, f.casts[0].volatility), (16401, b's'));
         assert_eq!(f.relations[0].oid, 16387);
         assert_eq!(f.relations[0].reach, Reach::Named);
         assert_eq!(f.unresolved, vec![1]);

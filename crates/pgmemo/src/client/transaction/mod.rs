@@ -844,6 +844,7 @@ impl Pumps<'_, '_> {
             let mut terminate = false;
             let mut wake = false;
             {
+                // Nothing below waits: the lock is held for the whole pass over the input.
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(from) = link.retry.take() {
                     let frames = link.batch.split_off(from);
@@ -853,27 +854,23 @@ impl Pumps<'_, '_> {
                     }
                     link.retried = true;
                 }
-            }
-            loop {
-                {
-                    let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
                     if requests::batch_hit_in_block(buf, &mut link, self.opts.max_message) {
                         wake = true;
                         continue;
                     }
+                    let frame = match Frame::decode(buf, self.opts.max_message) {
+                        Ok(Some(frame)) => frame,
+                        Ok(None) => break,
+                        Err(e) => return Err(PumpError::Protocol(e)),
+                    };
+                    if frame.tag() == wire::frontend::tag::TERMINATE {
+                        terminate = true;
+                        break;
+                    }
+                    wake |= requests::translate(frame, &mut link, self.registry, out)
+                        .map_err(PumpError::Protocol)?;
                 }
-                let frame = match Frame::decode(buf, self.opts.max_message) {
-                    Ok(Some(frame)) => frame,
-                    Ok(None) => break,
-                    Err(e) => return Err(PumpError::Protocol(e)),
-                };
-                if frame.tag() == wire::frontend::tag::TERMINATE {
-                    terminate = true;
-                    break;
-                }
-                let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
-                wake |= requests::translate(frame, &mut link, self.registry, out)
-                    .map_err(PumpError::Protocol)?;
             }
             if wake {
                 self.wake.raise();

@@ -257,10 +257,7 @@ impl TxnCache {
             kind: Kind::Query,
             time_word: false,
         };
-        let answer = self.hit(&request, state, TransactionStatus::InTransaction)?;
-        let bytes = Bytes::copy_from_slice(&answer);
-        self.recycle(answer);
-        Some(bytes)
+        self.answer_in_block(&request, state)
     }
 
     /// The answer to the extended-protocol read at the front of `buf` (`[Parse] Bind
@@ -281,10 +278,17 @@ impl TxnCache {
         if !matches!(request.kind, Kind::Batch { .. }) {
             return None;
         }
-        let answer = self.hit(&request, state, TransactionStatus::InTransaction)?;
+        let bytes = self.answer_in_block(&request, state)?;
+        self.consume(buf, &request, state);
+        Some(bytes)
+    }
+
+    /// A hit for `request` inside a transaction block, ending with ReadyForQuery('T'), as
+    /// bytes the queue can hold until the answers before it are out.
+    fn answer_in_block(&mut self, request: &Request, state: &ClientState) -> Option<Bytes> {
+        let answer = self.hit(request, state, TransactionStatus::InTransaction)?;
         let bytes = Bytes::copy_from_slice(&answer);
         self.recycle(answer);
-        self.consume(buf, &request, state);
         Some(bytes)
     }
 
