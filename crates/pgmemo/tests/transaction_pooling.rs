@@ -336,6 +336,134 @@ async fn settings_changed_inside_do_or_call_do_not_leak_to_other_clients() {
     .await;
 }
 
+/// A function called from a query can change settings for the session (`set_config(...,
+/// false)`, or `SET` through `EXECUTE`), and nothing in the query's text says so. The server
+/// reports the reported settings' new values (ParameterStatus): pgmemo resets that server
+/// before another client uses it, and keeps the values the client was told of as its own, so
+/// they follow it to other servers as its `SET`s would. A rolled-back change is dropped.
+#[tokio::test]
+async fn settings_changed_by_a_function_in_a_query_stay_with_their_client() {
+    within(TEST_DEADLINE, async {
+        // The cache off: only what the server reports can tell pgmemo.
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let setter = unique("txn_setter");
+        a.batch_execute(&format!(
+            "CREATE FUNCTION {setter}(zone text, app text) RETURNS int LANGUAGE plpgsql AS $$\
+             BEGIN PERFORM set_config('TimeZone', zone, false); \
+             EXECUTE format('SET application_name = %L', app); RETURN 1; END$$"
+        ))
+        .await
+        .unwrap();
+        let zone = value(&b, "SHOW TimeZone").await;
+        let app = value(&b, "SHOW application_name").await;
+
+        value(&a, &format!("SELECT {setter}('Asia/Tokyo', 'from_fn')")).await;
+        assert_eq!(value(&b, "SHOW TimeZone").await, zone, "B got A's TimeZone");
+        assert_eq!(value(&b, "SHOW application_name").await, app);
+        assert_eq!(value(&a, "SHOW TimeZone").await, "Asia/Tokyo");
+        assert_eq!(value(&a, "SHOW application_name").await, "from_fn");
+
+        // In a block: the change holds for the rest of the block (its SET LOCALs too), and a
+        // rollback takes it back.
+        a.batch_execute(&format!(
+            "BEGIN; SET LOCAL DateStyle = 'SQL, DMY'; SELECT {setter}('Europe/Paris', 'in_block')"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            value(
+                &a,
+                "SELECT current_setting('TimeZone') || ' ' || current_setting('DateStyle')"
+            )
+            .await,
+            "Europe/Paris SQL, DMY"
+        );
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(value(&b, "SHOW TimeZone").await, zone);
+        assert_eq!(value(&a, "SHOW TimeZone").await, "Asia/Tokyo");
+        assert_eq!(value(&a, "SHOW application_name").await, "from_fn");
+
+        // The same through the extended protocol.
+        let st = a
+            .prepare(&format!("SELECT {setter}($1, $2)"))
+            .await
+            .unwrap();
+        a.query(&st, &[&"America/Lima", &"extended"]).await.unwrap();
+        assert_eq!(value(&b, "SHOW TimeZone").await, zone);
+        assert_eq!(value(&a, "SHOW TimeZone").await, "America/Lima");
+
+        a.batch_execute(&format!("DROP FUNCTION {setter}"))
+            .await
+            .unwrap();
+        pgmemo.shutdown().await;
+    })
+    .await;
+}
+
+/// With the cache on, pgmemo knows from the catalog which statements call volatile
+/// user-defined functions, which may change settings the server does not report
+/// (`search_path` before PostgreSQL 18): the server is reset before another client uses it.
+#[tokio::test]
+async fn unreported_settings_changed_by_a_function_do_not_leak_with_the_cache_on() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let setter = unique("txn_path_setter");
+        a.batch_execute(&format!(
+            "CREATE FUNCTION {setter}() RETURNS int LANGUAGE plpgsql AS $$\
+             BEGIN PERFORM set_config('search_path', 'txn_nowhere', false); \
+             PERFORM set_config('work_mem', '7MB', false); RETURN 1; END$$"
+        ))
+        .await
+        .unwrap();
+        let path = value(&b, "SHOW search_path").await;
+        let work_mem = value(&b, "SHOW work_mem").await;
+        value(&a, &format!("SELECT {setter}()")).await;
+        assert_eq!(value(&b, "SHOW search_path").await, path);
+        assert_eq!(value(&b, "SHOW work_mem").await, work_mem);
+        a.batch_execute(&format!("DROP FUNCTION public.{setter}"))
+            .await
+            .unwrap();
+        pgmemo.shutdown().await;
+    })
+    .await;
+}
+
+/// `SET ROLE` run by code pgmemo cannot see into (here a `DO` block) outlives `RESET ALL`:
+/// the reset of that server also returns it to the user it logged in as.
+#[tokio::test]
+async fn a_role_set_by_hidden_code_does_not_reach_the_next_client() {
+    within(TEST_DEADLINE, async {
+        let role = unique("txn_hidden_role");
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!("CREATE ROLE {role}"))
+            .await
+            .unwrap();
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        a.batch_execute(&format!(
+            "DO $$BEGIN EXECUTE 'SET ROLE {role}'; EXECUTE 'SET SESSION AUTHORIZATION {role}'; END$$"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            value(&b, "SELECT current_user || ' ' || session_user").await,
+            format!("{USER} {USER}")
+        );
+        pgmemo.shutdown().await;
+        direct
+            .batch_execute(&format!("DROP ROLE {role}"))
+            .await
+            .unwrap();
+    })
+    .await;
+}
+
 /// Another client can drop every statement pgmemo prepared on a server it shares
 /// (`DEALLOCATE ALL` inside `DO` reaches the server as is): the next execution on that server
 /// prepares the statement again and runs, instead of failing with "does not exist".

@@ -96,6 +96,11 @@ pub struct Effects {
     pub ddl: bool,
     /// Session settings that are part of the key may have changed.
     pub settings: bool,
+    /// Code pgmemo cannot see into (a volatile user-defined function, `DO`, `CALL`, a
+    /// statement it cannot classify) may have changed session state on the server. Under
+    /// transaction pooling that server is reset before its next use, so the change cannot
+    /// reach another client (nor results cached under another client's settings).
+    pub hidden_settings: bool,
     /// The transaction now runs under REPEATABLE READ or SERIALIZABLE.
     pub snapshot: bool,
     /// `ROLLBACK`: the transaction's writes never happened.
@@ -113,6 +118,7 @@ impl Effects {
         self.database_wide |= other.database_wide;
         self.ddl |= other.ddl;
         self.settings |= other.settings;
+        self.hidden_settings |= other.hidden_settings;
         self.snapshot |= other.snapshot;
         self.rollback |= other.rollback;
     }
@@ -304,6 +310,7 @@ pub fn unparsable(query: Arc<QueryStats>) -> Plan {
         effects: Effects {
             database_wide: true,
             settings: true,
+            hidden_settings: true,
             ..Effects::default()
         },
         complete: true,
@@ -435,10 +442,16 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
             // CREATE TEMP TABLE changes what names mean to this session (see the context).
             e.settings = true;
         }
-        // DO, CALL, EXECUTE (its statement is the session's), anything unclassified.
+        // EXECUTE: its statement is the session's, planned when it was prepared.
+        StatementKind::Execute { .. } => {
+            e.database_wide = true;
+            e.settings = true;
+        }
+        // DO, CALL, anything unclassified.
         _ => {
             e.database_wide = true;
             e.settings = true;
+            e.hidden_settings = true;
         }
     }
     // A volatile (or unknown) function may write anything; some may change settings. So may
@@ -446,11 +459,14 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
     // operators and casts are taken for the built-in ones nearly every statement uses).
     if !s.functions.is_empty() && worst_volatility(s, inputs).is_none_or(|v| v == b'v') {
         e.database_wide = true;
-        e.settings |= may_change_settings(s, inputs);
+        let may = may_change_settings(s, inputs);
+        e.settings |= may;
+        e.hidden_settings |= may;
     }
     if calls_volatile_hidden(s, inputs) {
         e.database_wide = true;
         e.settings = true;
+        e.hidden_settings = true;
     }
     e
 }

@@ -130,12 +130,13 @@ pub fn commit(changes: &[TrackedChange], client: &mut ClientSettings, server: &m
     }
 }
 
-/// What a server whose session state pgmemo lost track of runs before its next use: its
+/// What a server whose session state pgmemo lost track of runs before its next use: the
+/// user it logged in as (`RESET ALL` leaves the role and session authorization alone), its
 /// settings back to their defaults, and no session-level advisory locks or temporary tables
 /// (which transaction pooling never lets a client create directly, so any there leaked from
 /// code pgmemo could not see into).
-const UNKNOWN_STATE_RESET: &str =
-    "RESET ALL;SELECT pg_catalog.pg_advisory_unlock_all();DISCARD TEMP;";
+const UNKNOWN_STATE_RESET: &str = "SET SESSION AUTHORIZATION DEFAULT;RESET ROLE;RESET ALL;\
+     SELECT pg_catalog.pg_advisory_unlock_all();DISCARD TEMP;";
 
 /// The statements that make the server's settings equal the client's, or `None` when they
 /// already are. On success the caller records `server` as in step (done here, optimistically:
@@ -409,7 +410,8 @@ mod tests {
         assert_eq!(
             sync_sql(&a, &mut server).as_deref(),
             Some(
-                "RESET ALL;SELECT pg_catalog.pg_advisory_unlock_all();DISCARD TEMP;\
+                "SET SESSION AUTHORIZATION DEFAULT;RESET ROLE;RESET ALL;\
+                 SELECT pg_catalog.pg_advisory_unlock_all();DISCARD TEMP;\
                  SELECT pg_catalog.set_config('timezone', 'UTC', false);"
             )
         );

@@ -44,6 +44,10 @@ pub enum Effect {
     Setting(TrackedChange),
     /// Settings changed in a way pgmemo cannot replay (`set_config`).
     SettingsUnknown,
+    /// A setting changed for the transaction only (`SET LOCAL`, `SET LOCAL ROLE`): nothing to
+    /// replay, but the server reports the change (and its undoing) for that setting, or for
+    /// several when `None` (a role changes `is_superuser` and `session_authorization`).
+    LocalSetting(Option<String>),
     /// A statement was prepared for the client: undone if the statement fails.
     Prepared {
         statement: Arc<PreparedStatement>,
@@ -396,7 +400,17 @@ fn setting(set: &SetCommand) -> Result<Outcome, ErrorResponse> {
                 "Use SET default_transaction_isolation (and friends) instead.",
             ))
         }
-        _ => Outcome::plain(),
+        SetCommand::Assign { name, .. }
+        | SetCommand::Default { name, .. }
+        | SetCommand::FromCurrent { name, .. } => Outcome {
+            effect: Effect::LocalSetting(Some(name.clone())),
+            tag: None,
+        },
+        SetCommand::Role { .. } | SetCommand::SessionAuthorization { .. } => Outcome {
+            effect: Effect::LocalSetting(None),
+            tag: None,
+        },
+        SetCommand::Transaction(_) | SetCommand::TransactionSnapshot { .. } => Outcome::plain(),
     })
 }
 

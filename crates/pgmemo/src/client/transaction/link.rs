@@ -135,6 +135,40 @@ pub struct TxnTrack {
     pub failed: bool,
     /// A ROLLBACK (or ROLLBACK TO SAVEPOINT) completed.
     pub rolled_back: bool,
+    /// The settings whose ParameterStatus the transaction's own `SET`s explain.
+    pub explained: Explained,
+}
+
+/// Which ParameterStatus messages the client's own statements account for; any other
+/// comes from code pgmemo cannot see into (a function, `DO`, `CALL`, `set_config`) or from a
+/// configuration reload on the server.
+#[derive(Default)]
+pub enum Explained {
+    #[default]
+    Nothing,
+    Names(Vec<String>),
+    Everything,
+}
+
+impl Explained {
+    /// Counts a change to `name` (every setting: `None`).
+    pub fn add(&mut self, name: Option<&str>) {
+        match (name, &mut *self) {
+            (_, Explained::Everything) => {}
+            (None, _) => *self = Explained::Everything,
+            (Some(n), Explained::Names(names)) => names.push(n.to_owned()),
+            (Some(n), Explained::Nothing) => *self = Explained::Names(vec![n.to_owned()]),
+        }
+    }
+
+    /// Whether a report of `name` is accounted for.
+    pub fn covers(&self, name: &str) -> bool {
+        match self {
+            Explained::Nothing => false,
+            Explained::Names(names) => names.iter().any(|n| n.eq_ignore_ascii_case(name)),
+            Explained::Everything => true,
+        }
+    }
 }
 
 /// The shared state of one attachment.

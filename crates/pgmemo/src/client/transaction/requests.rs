@@ -178,6 +178,11 @@ fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
         out.extend_from_slice(&frontend::sync());
         link.queue.push_back(Entry::swallow(Expect::Sync));
     }
+    // Inside a transaction block the server already runs with the client's settings (they
+    // change only at commit), and a reset there would undo the block's own SETs.
+    if link.client.status != wire::backend::TransactionStatus::Idle {
+        return;
+    }
     if let Some(sql) = sync_sql(&link.client.settings, &mut link.server.settings) {
         out.extend_from_slice(&frontend::query(&sql));
         link.queue.push_back(Entry::swallow(Expect::Query));

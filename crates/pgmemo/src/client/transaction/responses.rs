@@ -12,7 +12,7 @@ use wire::{FrameHeader, WireError};
 use super::commands::{Effect, Outcome};
 use super::link::{Expect, Link};
 use crate::client::relay::MAX_SERVER_FRAME;
-use crate::pool::settings::commit;
+use crate::pool::settings::{commit, set_raw_sql, SettingChange, TrackedChange};
 
 /// What one pass over the server's bytes produced.
 pub struct Processed {
@@ -162,6 +162,9 @@ fn on_message(
     if let Some(cache) = link.cache.as_deref_mut() {
         // The statement(s) this answers ran, or began to: their writes count from now on.
         if let Some(effects) = link.queue.front_mut().and_then(|e| e.effects.take()) {
+            if effects.hidden_settings {
+                link.server.settings.unknown = true;
+            }
             cache.answered(&effects);
         }
     }
@@ -178,6 +181,10 @@ fn on_message(
         }
         backend::tag::PARAMETER_STATUS => {
             if let Some((name, value)) = parameter(&frame[5..]) {
+                // pgmemo's own statements (settings brought in line) are its business.
+                if link.queue.front().is_none_or(|e| e.forward) {
+                    reported(link, &name, &value);
+                }
                 match params.iter_mut().find(|(k, _)| *k == name) {
                     Some(slot) => slot.1 = value,
                     None => params.push((name, value)),
@@ -331,8 +338,15 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
     }
     let outcome = outcome?;
     match outcome.effect {
-        Effect::Setting(change) => link.txn.pending.push(change),
+        Effect::Setting(change) => {
+            link.txn.explained.add(match &change.change {
+                SettingChange::Set(name, _) | SettingChange::Reset(name) => Some(name),
+                SettingChange::ResetAll => None,
+            });
+            link.txn.pending.push(change)
+        }
         Effect::SettingsUnknown => link.server.settings.unknown = true,
+        Effect::LocalSetting(name) => link.txn.explained.add(name.as_deref()),
         Effect::Prepared { .. } | Effect::None => {}
     }
     outcome.tag.map(|t| {
@@ -439,6 +453,40 @@ fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
             link.txn.rolled_back = false;
         }
         _ => {}
+    }
+}
+
+/// Reported settings a client can set, and so may keep as its own when code it ran changed
+/// them (the others report the server or the session's user).
+const ADOPTABLE: [&str; 8] = [
+    "application_name",
+    "client_encoding",
+    "datestyle",
+    "intervalstyle",
+    "timezone",
+    "standard_conforming_strings",
+    "default_transaction_read_only",
+    "search_path",
+];
+
+/// A ParameterStatus: a setting changed. Unless the client's own `SET`s explain it, code
+/// pgmemo could not see into changed it (a function, `DO`, `CALL`, `set_config`), and may
+/// have changed unreported settings too: the server is reset before its next use, so nothing
+/// of it reaches another client. The client was told of the new value, so a setting it can
+/// set becomes its own, as if it had run `SET`, and follows it to other servers once the
+/// transaction commits (a rollback or error drops it, as PostgreSQL does).
+fn reported(link: &mut Link<'_>, name: &str, value: &str) {
+    if link.txn.explained.covers(name) {
+        return;
+    }
+    link.server.settings.unknown = true;
+    let name = name.to_ascii_lowercase();
+    if ADOPTABLE.contains(&name.as_str()) {
+        let replay = set_raw_sql(&name, value);
+        link.txn.pending.push(TrackedChange {
+            change: SettingChange::Set(name, replay),
+            real: true,
+        });
     }
 }
 
