@@ -413,6 +413,73 @@ async fn reads_in_a_block_that_has_not_written_are_served_from_the_cache() {
     .await;
 }
 
+/// Applications that wrap every request in a transaction (ORMs) read only inside blocks: a
+/// read in a read-committed block that has not written is stored as an autocommit read would
+/// be (once its shape was planned, after the first block), in the simple and the extended
+/// protocol, and answers clients outside blocks. A read after the block wrote (it sees the
+/// block's own uncommitted write) and a read under REPEATABLE READ (it sees its snapshot,
+/// older than a write that committed since) are never stored.
+#[tokio::test]
+async fn reads_in_a_block_that_has_not_written_are_stored() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = setup(3).await;
+        let c = memo.client("postgres", "postgres").await;
+        let other = memo.client("postgres", "postgres").await;
+        let simple = "SELECT v FROM t WHERE id = 1";
+        let extended = "SELECT v || '!' FROM t WHERE id = $1";
+        let named = c.prepare(extended).await.unwrap();
+        for _ in 0..3 {
+            c.batch_execute("BEGIN").await.unwrap();
+            assert_eq!(first(&c, simple).await.as_deref(), Some("one"));
+            let row = c.query_one(&named, &[&2i32]).await.unwrap();
+            assert_eq!(row.get::<_, String>(0), "two!");
+            c.batch_execute("COMMIT").await.unwrap();
+        }
+        direct
+            .batch_execute("UPDATE t SET v = 'direct'")
+            .await
+            .unwrap();
+        assert_eq!(
+            first(&other, simple).await.as_deref(),
+            Some("one"),
+            "stored from a block (simple protocol)"
+        );
+        let row = other.query_one(extended, &[&2i32]).await.unwrap();
+        assert_eq!(
+            row.get::<_, String>(0),
+            "two!",
+            "stored from a block (extended protocol)"
+        );
+
+        // The block's own uncommitted write is never stored.
+        let wrote = "SELECT v FROM t WHERE id = 2";
+        c.batch_execute("BEGIN; UPDATE t SET v = 'uncommitted' WHERE id = 2")
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(first(&c, wrote).await.as_deref(), Some("uncommitted"));
+        }
+        c.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(first(&other, wrote).await.as_deref(), Some("direct"));
+
+        // Nor a snapshot older than a write committed through pgmemo meanwhile.
+        c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .unwrap();
+        assert_eq!(first(&c, wrote).await.as_deref(), Some("direct"));
+        other
+            .batch_execute("UPDATE t SET v = 'newer' WHERE id = 2")
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            assert_eq!(first(&c, wrote).await.as_deref(), Some("direct"));
+        }
+        c.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(first(&other, wrote).await.as_deref(), Some("newer"));
+    })
+    .await;
+}
+
 /// The same in the extended protocol: a named statement's Bind/Execute and an unnamed
 /// statement's Parse/Bind/Describe/Execute inside a read-committed block that has not written
 /// are answered from the cache; once it wrote, or under REPEATABLE READ, they go to the server.

@@ -160,7 +160,8 @@ pub async fn a_rollback_invalidates_nothing(c: &Client, direct: &Client) {
 
 /// The staleness stress test: `clients` clients read and write the rows of
 /// `kv (k int PRIMARY KEY, v bigint)` (20 rows, keys 0-19) through pgmemo for `duration`,
-/// writes in autocommit and in explicit transactions, reads simple and prepared. Values only
+/// writes in autocommit and in explicit transactions, reads simple and prepared, in autocommit
+/// and in read-only transaction blocks. Values only
 /// grow, so a read that returns less than a write acknowledged before the read started is
 /// stale. Returns (reads, writes).
 pub async fn reads_never_stale(
@@ -207,6 +208,12 @@ pub async fn reads_never_stale(
                             .unwrap()
                             .parse()
                             .unwrap()
+                    } else if x % 3 == 1 {
+                        // Inside a block that has not written: served and stored too.
+                        c.batch_execute("BEGIN").await.unwrap();
+                        let v = c.query_one(&read, &[&k]).await.unwrap().get(0);
+                        c.batch_execute("COMMIT").await.unwrap();
+                        v
                     } else {
                         c.query_one(&read, &[&k]).await.unwrap().get(0)
                     };

@@ -182,7 +182,8 @@ impl TxnCache {
     }
 
     /// One message of the server's answer, as forwarded to the client. `ready`: it is a
-    /// ReadyForQuery with this status, which ends the captured response.
+    /// ReadyForQuery with this status, which ends the captured response (stored when the
+    /// status is the one the capture expects: a failed block's read is not).
     pub fn observe(&mut self, tag: u8, frame: &[u8], ready: Option<TransactionStatus>) {
         let Some(filling) = self.capture.as_mut() else {
             return;
@@ -196,7 +197,7 @@ impl TxnCache {
             }
             Some(status) => {
                 let filling = self.capture.take().expect("checked");
-                if status == TransactionStatus::Idle {
+                if status == self.capture_ends {
                     self.scratch =
                         filling.finish(false, &self.shared.cache, &self.shared.upstream_time);
                 }

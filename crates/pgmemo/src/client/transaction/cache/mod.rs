@@ -10,7 +10,7 @@
 //! (or the ReadyForQuery ending an autocommit statement) applies them before the client sees
 //! it, a ROLLBACK drops them. Inside a transaction block that has not written, a simple Query
 //! or an extended-protocol read may be answered from the cache (`hit_in_block`,
-//! `batch_hit_in_block`); nothing read in a block is stored.
+//! `batch_hit_in_block`), and stored when it missed and its plan is memoized.
 
 mod effects;
 mod request;
@@ -77,8 +77,12 @@ pub struct TxnCache {
     out: Vec<u8>,
     /// Effects of the statements answered so far in the transaction in progress.
     txn: Effects,
-    /// The response being captured (the attachment's first request).
+    /// The response being captured: the attachment's first request, or a read in a
+    /// transaction block that has not written.
     capture: Option<Filling>,
+    /// The status of the ReadyForQuery that ends the captured response cleanly: `Idle` for
+    /// the attachment's first request, `InTransaction` for a read in a block.
+    capture_ends: TransactionStatus,
     /// Lent to each capture in turn (see `Filling`).
     scratch: Vec<u8>,
     /// Effects of executing each bound portal.
@@ -156,6 +160,7 @@ impl TxnCache {
             out: Vec::with_capacity(1024),
             txn: Effects::default(),
             capture: None,
+            capture_ends: TransactionStatus::Idle,
             scratch: Vec::new(),
             portals: Map::default(),
             rollback_seen: false,
@@ -393,30 +398,44 @@ impl TxnCache {
             self.shared.cache.stats.refused_query(r, &plan.query);
             return None;
         }
-        let read = plan.read.as_ref().ok()?;
         self.make_key(&request, state)?;
-        let config = Arc::clone(&self.config);
+        self.start_capture(&plan, leading.take(), TransactionStatus::Idle);
+        None
+    }
+
+    /// A miss of a read whose `plan` allows storing it, keyed by `self.key`: counted, and
+    /// captured unless admission says no. The fill is the one `leading` leads (since before
+    /// the server was taken), or one this client leads from now on; when another client
+    /// already fills the key, its response is captured all the same and the first to end
+    /// is stored. The capture is stored when its response ends with ReadyForQuery(`ends`).
+    fn start_capture(
+        &mut self,
+        plan: &Plan,
+        leading: Option<flight::FlightGuard>,
+        ends: TransactionStatus,
+    ) {
+        let Ok(read) = plan.read.as_ref() else {
+            return;
+        };
         let cache = &self.shared.cache;
-        if !cache.admits(&self.key, &plan.query, &config) {
+        cache.stats.missed(&plan.query);
+        if !cache.admits(&self.key, &plan.query, &self.config) {
             // A miss all the same, just not stored.
-            cache.stats.missed(&plan.query);
-            return None;
+            return;
         }
-        let mut capture = Capture::for_read(&self.key, read, &plan.query, &self.db, &config);
-        // Led since before the server was taken, or from now on (a follower then waits for
-        // this fill only if it comes later).
-        capture.flight = leading.take().or_else(|| {
+        let mut capture = Capture::for_read(&self.key, read, &plan.query, &self.db, &self.config);
+        // A follower waits for this fill only if it comes later.
+        capture.flight = leading.or_else(|| {
             if !plan.query.worth_single_flight() {
                 return None;
             }
-            match self.shared.cache.flights.join(&capture.key) {
+            match cache.flights.join(&capture.key) {
                 Flight::Leader(guard) => Some(guard),
                 Flight::Follower(_) => None,
             }
         });
-        self.shared.cache.stats.missed(&plan.query);
         self.capture = Some(Filling::new(capture, std::mem::take(&mut self.scratch)));
-        None
+        self.capture_ends = ends;
     }
 
     /// Brings the server's settings in line with the client's, then reads what the cache

@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use wire::backend::TransactionStatus;
 use wire::FrameHeader;
 
-use super::{TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
+use super::{refusal, Planned, TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
+use crate::cache::planner;
 use crate::client::cached::messages::{
     bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, short_batch,
     Batch,
@@ -257,7 +258,13 @@ impl TxnCache {
             kind: Kind::Query,
             time_word: false,
         };
-        self.answer_in_block(&request, state)
+        let answer = self.answer_in_block(&request, state);
+        if answer.is_none() {
+            if let Ok(text) = std::str::from_utf8(text) {
+                self.fill_in_block(&request, text, state);
+            }
+        }
+        answer
     }
 
     /// The answer to the extended-protocol read at the front of `buf` (`[Parse] Bind
@@ -278,9 +285,66 @@ impl TxnCache {
         if !matches!(request.kind, Kind::Batch { .. }) {
             return None;
         }
-        let bytes = self.answer_in_block(&request, state)?;
+        let Some(bytes) = self.answer_in_block(&request, state) else {
+            if let Some(text) = Self::text(&request, buf, state) {
+                self.fill_in_block(&request, &text, state);
+            }
+            return None;
+        };
         self.consume(buf, &request, state);
         Some(bytes)
+    }
+
+    /// A read in the block that the store could not answer, about to go to the server: when
+    /// its plan is known without asking the server (memoized for its shape, or kept for the
+    /// client's named statement) and allows storing, its response is captured, and stored
+    /// once it ends cleanly with the block still open. The block has not written (nor
+    /// changed settings, nor run under a snapshot), so what the read sees is what an
+    /// autocommit read would, and the generations snapshotted now keep a write committed
+    /// meanwhile from leaving it stale. A shape the memo lacks is planned with the catalog
+    /// after the transaction, so its next read in a block is captured.
+    fn fill_in_block(&mut self, request: &Request, text: &str, state: &ClientState) {
+        if self.capture.is_some() {
+            return;
+        }
+        let Some(context) = self.context(state).cloned() else {
+            return;
+        };
+        let planned = match self.statement_planned(request, &context) {
+            Some(p) => p,
+            None => {
+                let epoch = self.plans_epoch();
+                let mut memo_key = std::mem::take(&mut self.memo_key);
+                let planning = self.planning(Some(&context), epoch);
+                let known = planner::memoized_with(&planning, text, &mut memo_key)
+                    .or_else(|| Some(planner::plan_without_catalog(&planning, text)))
+                    .filter(|(plan, _)| plan.complete);
+                self.memo_key = memo_key;
+                let Some((plan, time_literal)) = known else {
+                    return;
+                };
+                let planned = Planned {
+                    context_id: context.id,
+                    epoch,
+                    text: text.into(),
+                    plan,
+                    time_literal,
+                };
+                self.remember_statement_plan(request, &planned);
+                planned
+            }
+        };
+        let plan = Arc::clone(&planned.plan);
+        let time = planned.time_literal || request.time_word;
+        // Its effects, when the answer arrives, are the plan's.
+        self.planned = Some(planned);
+        if let Err(r) = refusal(&plan, self.usable(), time, &context) {
+            self.shared.cache.stats.refused_query(r, &plan.query);
+            return;
+        }
+        if self.make_key(request, state).is_some() {
+            self.start_capture(&plan, None, TransactionStatus::InTransaction);
+        }
     }
 
     /// A hit for `request` inside a transaction block, ending with ReadyForQuery('T'), as
