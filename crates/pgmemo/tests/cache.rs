@@ -1021,3 +1021,9 @@ async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
     let (_pg, memo, _direct) = setup().await;
     cache_support::writes_of_a_session_with_the_cache_off_still_invalidate(&memo).await;
 }
+
+#[tokio::test]
+async fn statement_described_batches_are_cached() {
+    let (pg, memo, direct) = setup().await;
+    cache_support::statement_described_batches_are_cached(&memo, &pg, &direct).await;
+}

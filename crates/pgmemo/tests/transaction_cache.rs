@@ -627,3 +627,12 @@ async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn statement_described_batches_are_cached() {
+    within(DEADLINE, async {
+        let (pg, memo, direct) = setup(2).await;
+        cache_support::statement_described_batches_are_cached(&memo, &pg, &direct).await;
+    })
+    .await;
+}

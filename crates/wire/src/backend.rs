@@ -20,8 +20,8 @@ pub mod rows;
 pub use copy::CopyResponse;
 pub use notification::NotificationResponse;
 pub use rows::{
-    CommandComplete, DataRow, DataRowColumns, FieldDescription, FunctionCallResponse,
-    ParameterDescription, RowDescription,
+    put_row_description_with_formats, CommandComplete, DataRow, DataRowColumns, FieldDescription,
+    FunctionCallResponse, ParameterDescription, RowDescription,
 };
 
 /// Backend message type bytes, so that a relay can route frames by tag without decoding them.

@@ -7,6 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use wire::backend::put_row_description_with_formats;
+use wire::frontend::peek::result_format;
+
 use super::flight::FlightGuard;
 use super::generation::Snapshot;
 use super::plan::{ReadPlan, Refusal};
@@ -25,6 +28,11 @@ pub struct Capture {
     pub max_bytes: usize,
     /// Ends the single flight of `key` once the capture is stored or dropped.
     pub flight: Option<FlightGuard>,
+    /// The request described the statement, not the portal: the result format codes its
+    /// Bind chose (see `wire::frontend::peek::result_format`). The response then carries a
+    /// ParameterDescription, which pgmemo answers itself, and the statement's RowDescription
+    /// (format codes zero), stored as the portal's would be, with these formats.
+    pub statement_formats: Option<Box<[u8]>>,
 }
 
 impl Capture {
@@ -52,6 +60,7 @@ impl Capture {
             started: Instant::now(),
             max_bytes: config.max_entry_size.0,
             flight: None,
+            statement_formats: None,
         })
     }
 }
@@ -98,10 +107,22 @@ impl Filling {
         }
         match tag {
             // One RowDescription, ahead of the rows.
-            b'T' if self.bytes.is_empty() => {
-                self.bytes.extend_from_slice(frame);
-                self.description_len = frame.len();
-            }
+            b'T' if self.bytes.is_empty() => match &self.capture.statement_formats {
+                None => {
+                    self.bytes.extend_from_slice(frame);
+                    self.description_len = frame.len();
+                }
+                Some(codes) => {
+                    let portal = |i| result_format(codes, i);
+                    if put_row_description_with_formats(frame, portal, &mut self.bytes).is_none() {
+                        self.abort(Refusal::NotStored);
+                        return;
+                    }
+                    self.description_len = self.bytes.len();
+                }
+            },
+            // A described statement's parameter types: the hit path writes them.
+            b't' if self.capture.statement_formats.is_some() => {}
             b'D' => self.bytes.extend_from_slice(frame),
             b'C' => {
                 self.completes += 1;

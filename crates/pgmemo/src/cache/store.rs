@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use quick_cache::sync::Cache as QuickCache;
 use quick_cache::{Lifecycle, Weighter};
+use wire::backend::put_row_description_with_formats;
 
 use super::generation::Snapshot;
 use super::stats::QueryStats;
@@ -15,6 +16,22 @@ use super::stats::QueryStats;
 /// Bytes counted per entry on top of its key and payload: the entry struct, the snapshot's
 /// table list, the Arc headers and quick_cache's slot.
 pub const ENTRY_OVERHEAD: usize = 160;
+
+/// What a request asks to be told about its result (its Describe), which the same stored
+/// result answers in each form: result formats are part of the key, and the stored
+/// RowDescription is the portal's.
+#[derive(Debug, Clone, Copy)]
+pub enum Described<'a> {
+    /// No Describe: the rows only.
+    Nothing,
+    /// Describe of the portal (or a simple Query): the RowDescription as stored.
+    Portal,
+    /// Describe of the statement the request's Parse made, with every parameter type given:
+    /// a ParameterDescription of these types (the count and OIDs, as the Parse sent them),
+    /// then the RowDescription with every format code zero, as PostgreSQL describes a
+    /// statement.
+    Statement(&'a [u8]),
+}
 
 /// One cached result.
 #[derive(Debug)]
@@ -61,21 +78,37 @@ impl Entry {
         self.snapshot.is_fresh() && self.expires.is_none_or(|at| now() < at)
     }
 
-    /// Whether the entry can answer a request with a Describe (it holds a RowDescription).
+    /// Whether the entry can answer a request that describes its result as `described` asks
+    /// (a Describe needs the RowDescription).
     #[inline]
-    pub fn has_description(&self) -> bool {
-        self.description_len > 0
+    pub fn can_answer(&self, described: Described<'_>) -> bool {
+        matches!(described, Described::Nothing) || self.description_len > 0
     }
 
     /// Appends the answer to a request this entry serves: `prefix` (what pgmemo answers for the
-    /// request's Parse and Bind), the RowDescription when the request has a Describe, then the
-    /// rows and CommandComplete. The caller adds ReadyForQuery.
+    /// request's Parse and Bind), what its Describe asks for (see [`Described`]), then the rows
+    /// and CommandComplete. The caller adds ReadyForQuery. Returns `false` (with `out` holding
+    /// part of an answer) when the stored description cannot be turned into a statement's,
+    /// which a well-formed one always can.
     #[inline]
-    pub fn answer_into(&self, out: &mut Vec<u8>, prefix: &[u8], describe: bool) {
-        let from = if describe { 0 } else { self.description_len };
-        out.reserve(prefix.len() + self.payload.len() - from + 6);
+    pub fn answer_into(&self, out: &mut Vec<u8>, prefix: &[u8], described: Described<'_>) -> bool {
+        let (description, rows) = self.payload.split_at(self.description_len);
+        out.reserve(prefix.len() + self.payload.len() + 6);
         out.extend_from_slice(prefix);
-        out.extend_from_slice(&self.payload[from..]);
+        match described {
+            Described::Nothing => {}
+            Described::Portal => out.extend_from_slice(description),
+            Described::Statement(types) => {
+                out.push(b't');
+                out.extend_from_slice(&((4 + types.len()) as u32).to_be_bytes());
+                out.extend_from_slice(types);
+                if put_row_description_with_formats(description, |_| 0, out).is_none() {
+                    return false;
+                }
+            }
+        }
+        out.extend_from_slice(rows);
+        true
     }
 
     /// Bytes of the result held (RowDescription included).

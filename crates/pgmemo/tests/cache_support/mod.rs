@@ -505,3 +505,87 @@ pub async fn writes_of_a_session_with_the_cache_off_still_invalidate(memo: &Pgme
         .unwrap();
     assert_eq!(first(&reader, &read).await.as_deref(), Some("committed"));
 }
+
+/// `Parse Bind Describe(statement) Execute Sync` with every parameter type given (what
+/// tokio-postgres' `query_typed` sends) is cached: the answers, a hit's included, are byte for
+/// byte what PostgreSQL sends (ParameterDescription, the statement's RowDescription with
+/// format codes zero, binary rows), and the entry also answers the same batch describing the
+/// portal (its RowDescription then carries the Bind's formats). A Parse that leaves a type
+/// to the server is never cached this way. `pg` is the cluster of [`setup_with`].
+pub async fn statement_described_batches_are_cached(
+    memo: &PgmemoInstance,
+    pg: &TempPostgres,
+    direct: &Client,
+) {
+    use crate::raw::{
+        bind_results, describe_portal, describe_statement, execute, parse, sync, Raw,
+    };
+    let text = "SELECT v, id FROM t WHERE id = $1";
+    let batch = |types: &[u32], describe: Vec<u8>| {
+        vec![
+            parse(text, types),
+            bind_results(&["1"], &[1]),
+            describe,
+            execute(),
+            sync(),
+        ]
+    };
+    let typed = batch(&[23], describe_statement());
+    let by_portal = batch(&[23], describe_portal());
+    let untyped = batch(&[0], describe_statement());
+    let pg_addr: std::net::SocketAddr = ([127, 0, 0, 1], pg.port()).into();
+    let mut at_server = Raw::connect(pg_addr).await;
+    let want_typed = at_server.round_trip_bytes(&typed).await;
+    let want_by_portal = at_server.round_trip_bytes(&by_portal).await;
+    let want_untyped = at_server.round_trip_bytes(&untyped).await;
+
+    let mut r = Raw::connect(memo.addr()).await;
+    for _ in 0..3 {
+        assert_eq!(r.round_trip_bytes(&typed).await, want_typed);
+        assert_eq!(r.round_trip_bytes(&untyped).await, want_untyped);
+    }
+    let hits = show_cache(memo, "hits").await;
+    direct
+        .batch_execute("UPDATE t SET v = 'changed' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        r.round_trip_bytes(&typed).await,
+        want_typed,
+        "a hit answers as PostgreSQL did"
+    );
+    assert_eq!(
+        r.round_trip_bytes(&by_portal).await,
+        want_by_portal,
+        "the entry answers the portal's Describe too"
+    );
+    assert_eq!(show_cache(memo, "hits").await, hits + 2);
+    assert_ne!(
+        r.round_trip_bytes(&untyped).await,
+        want_untyped,
+        "a type left to the server: not cached"
+    );
+
+    // The driver that sends this form decodes the answers.
+    let c = memo.client("postgres", "postgres").await;
+    let typed_read = |id: i32| {
+        let c = &c;
+        async move {
+            c.query_typed(
+                "SELECT v FROM t WHERE id = $1",
+                &[(&id, tokio_postgres::types::Type::INT4)],
+            )
+            .await
+            .unwrap()[0]
+                .get::<_, String>(0)
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(typed_read(2).await, "two");
+    }
+    direct
+        .batch_execute("UPDATE t SET v = 'deux' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(typed_read(2).await, "two", "served from the cache");
+}

@@ -59,6 +59,27 @@ pub fn describe_portal() -> Vec<u8> {
     msg(b'D', b"P\0")
 }
 
+pub fn describe_statement() -> Vec<u8> {
+    msg(b'D', b"S\0")
+}
+
+/// Bind of the unnamed portal to the unnamed statement, text parameters, and results in
+/// the format codes `results` (none: all text; one: for every column).
+pub fn bind_results(params: &[&str], results: &[i16]) -> Vec<u8> {
+    let mut b = vec![0u8, 0u8];
+    b.put_i16(0);
+    b.put_i16(params.len() as i16);
+    for p in params {
+        b.put_i32(p.len() as i32);
+        b.extend_from_slice(p.as_bytes());
+    }
+    b.put_i16(results.len() as i16);
+    for r in results {
+        b.put_i16(*r);
+    }
+    msg(b'B', &b)
+}
+
 pub fn execute() -> Vec<u8> {
     msg(b'E', b"\0\0\0\0\0")
 }
@@ -122,6 +143,21 @@ impl Raw {
     pub async fn round_trip(&mut self, messages: &[Vec<u8>]) -> (Vec<char>, Vec<String>) {
         self.stream.write_all(&messages.concat()).await.unwrap();
         self.until_ready().await
+    }
+
+    /// Sends `messages`, returns every byte that came back up to and including ReadyForQuery.
+    pub async fn round_trip_bytes(&mut self, messages: &[Vec<u8>]) -> Vec<u8> {
+        self.stream.write_all(&messages.concat()).await.unwrap();
+        let mut out = Vec::new();
+        loop {
+            while let Some(frame) = self.next_frame() {
+                out.extend_from_slice(&frame);
+                if frame[0] == b'Z' {
+                    return out;
+                }
+            }
+            self.read_more().await;
+        }
     }
 
     async fn until_ready(&mut self) -> (Vec<char>, Vec<String>) {

@@ -120,6 +120,40 @@ impl RowDescription {
     }
 }
 
+/// Appends the RowDescription `frame` (type byte and length included) to `out` with field
+/// `i`'s format code replaced by `format(i)`, everything else as it was: how a pooler turns
+/// the description of a statement (format codes all zero, since a statement's result formats
+/// are chosen only at Bind) into the description of a portal and back, without decoding the
+/// fields. `None` when the frame is not a well-formed RowDescription; `out` then holds part
+/// of it.
+pub fn put_row_description_with_formats(
+    frame: &[u8],
+    format: impl Fn(usize) -> i16,
+    out: &mut Vec<u8>,
+) -> Option<()> {
+    /// Fixed part of a field after its name: table OID, column, type OID, size, modifier.
+    const FIXED: usize = 4 + 2 + 4 + 2 + 4;
+    let (&tag, rest) = frame.split_first()?;
+    let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    if tag != tag::ROW_DESCRIPTION || len + 1 != frame.len() || len < 6 {
+        return None;
+    }
+    let count = i16::from_be_bytes([frame[5], frame[6]]);
+    let count = usize::try_from(count).ok()?;
+    out.reserve(frame.len());
+    out.extend_from_slice(&frame[..7]);
+    let mut at = 7;
+    for i in 0..count {
+        let name_len = memchr::memchr(0, frame.get(at..)?)?;
+        let end = at + name_len + 1 + FIXED;
+        out.extend_from_slice(frame.get(at..end)?);
+        frame.get(end..end + 2)?;
+        out.extend_from_slice(&format(i).to_be_bytes());
+        at = end + 2;
+    }
+    (at == frame.len()).then_some(())
+}
+
 /// DataRow: one result row, kept as the exact body received so a cache can store and replay it
 /// without re-encoding. The body is validated once on decode; [`DataRow::columns`] then walks it
 /// without errors.

@@ -517,6 +517,37 @@ proptest! {
         prop_assert_eq!(decoded.columns().collect::<Vec<_>>(), values);
     }
 
+    /// Rewriting a RowDescription's format codes in place agrees with decoding it, changing
+    /// the formats and encoding it again; damaged frames give `None`, never a panic.
+    #[test]
+    fn format_rewrite_matches_decode_and_encode(
+        fields in prop::collection::vec(field(), 0..5),
+        codes in prop::collection::vec(0i16..2, 0..5),
+        cut in 0usize..8,
+        flip in prop::option::of((any::<usize>(), 1u8..=255)),
+    ) {
+        let desc = RowDescription { fields };
+        let mut raw = BytesMut::new();
+        desc.encode(&mut raw);
+        let format = |i: usize| codes.get(i).copied().unwrap_or(0);
+        let mut out = Vec::new();
+        prop_assert!(put_row_description_with_formats(&raw, format, &mut out).is_some());
+        let mut expected = desc.clone();
+        for (i, f) in expected.fields.iter_mut().enumerate() {
+            f.format = format(i);
+        }
+        let mut want = BytesMut::new();
+        expected.encode(&mut want);
+        prop_assert_eq!(&out[..], &want[..]);
+        let broken = damaged(&raw, cut, flip, &[]);
+        let _ = put_row_description_with_formats(broken.raw(), format, &mut Vec::new());
+        if cut > 0 && cut <= raw.len() - 5 {
+            // Shortened without fixing its length: never well-formed.
+            let short = &raw[..raw.len() - cut];
+            prop_assert!(put_row_description_with_formats(short, format, &mut Vec::new()).is_none());
+        }
+    }
+
     /// Arbitrary bodies under any type byte: an error or a message, never a panic.
     #[test]
     fn decode_never_panics(frame in any_frame()) {

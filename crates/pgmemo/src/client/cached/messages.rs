@@ -6,6 +6,8 @@
 
 use wire::FrameHeader;
 
+use crate::cache::store::Described;
+
 /// A batch held back to be routed as a whole is at most this large.
 const MAX_BATCH: usize = 1 << 20;
 
@@ -118,10 +120,30 @@ pub(crate) fn short_batch(bytes: &[u8]) -> Option<([std::ops::Range<usize>; 5], 
 /// The one batch form whose result pgmemo caches.
 pub(crate) struct BatchShape {
     pub(crate) parse: bool,
-    pub(crate) describe: bool,
+    pub(crate) describe: BatchDescribe,
 }
 
-/// `[Parse] Bind("" portal) [Describe(portal "")] Execute("", 0 rows) Sync`.
+/// The Describe of a cacheable batch.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum BatchDescribe {
+    None,
+    /// Of the unnamed portal.
+    Portal,
+    /// Of the unnamed statement the batch's own Parse made with every parameter type given
+    /// (as tokio-postgres' `query_typed` sends): its ParameterDescription is those types.
+    Statement,
+}
+
+impl BatchShape {
+    /// Whether the answer includes a RowDescription.
+    pub(crate) fn describes(&self) -> bool {
+        self.describe != BatchDescribe::None
+    }
+}
+
+/// `[Parse] Bind("" portal) [Describe(portal "")] Execute("", 0 rows) Sync`, or `Parse("")
+/// Bind("" portal, "") Describe(statement "") Execute("", 0 rows) Sync` when the Parse gives
+/// every parameter's type.
 pub(crate) fn cacheable_shape(
     bytes: &[u8],
     frames: &[std::ops::Range<usize>],
@@ -140,8 +162,12 @@ pub(crate) fn cacheable_shape(
         _ => (false, 0),
     };
     let describe = match &tags[rest..] {
-        [b'B', b'E', b'S'] => false,
-        [b'B', b'D', b'E', b'S'] => true,
+        [b'B', b'E', b'S'] => BatchDescribe::None,
+        [b'B', b'D', b'E', b'S'] => match body(rest + 1) {
+            b"P\0" => BatchDescribe::Portal,
+            b"S\0" if parse => BatchDescribe::Statement,
+            _ => return None,
+        },
         _ => return None,
     };
     let bind = bind_message(body(rest))?;
@@ -153,19 +179,65 @@ pub(crate) fn cacheable_shape(
         if p.name != bind.statement {
             return None;
         }
+        if describe == BatchDescribe::Statement
+            && !(p.name.is_empty() && all_types_given(p.param_types, &bind))
+        {
+            return None;
+        }
     }
-    if describe && body(rest + 1) != b"P\0" {
-        return None;
-    }
-    let exec = body(rest + 1 + usize::from(describe));
+    let exec = body(rest + 1 + usize::from(describe != BatchDescribe::None));
     if exec != b"\0\0\0\0\0" {
         return None;
     }
     Some(BatchShape { parse, describe })
 }
 
+/// Whether a Parse's parameter types (`ParseRef::param_types`) name a type, none left to the
+/// server (0), for each value the Bind carries: the server's ParameterDescription then lists
+/// exactly these.
+fn all_types_given(param_types: &[u8], bind: &BindMessage<'_>) -> bool {
+    let Some((count, oids)) = param_types.split_first_chunk::<2>() else {
+        return false;
+    };
+    let count = i16::from_be_bytes(*count);
+    bind_counts(bind.tail).is_some_and(|c| usize::try_from(count).ok() == Some(c.params))
+        && oids.len() == 4 * usize::try_from(count).unwrap_or(usize::MAX)
+        && oids.chunks_exact(4).all(|oid| oid != [0, 0, 0, 0])
+}
+
+/// What the batch's Describe asks of a stored result; `None` when its Parse is malformed.
+pub(crate) fn batch_described<'a>(
+    bytes: &'a [u8],
+    frames: &[std::ops::Range<usize>],
+    shape: &BatchShape,
+) -> Option<Described<'a>> {
+    Some(match shape.describe {
+        BatchDescribe::None => Described::Nothing,
+        BatchDescribe::Portal => Described::Portal,
+        BatchDescribe::Statement => {
+            let parse = &bytes[frames[0].clone()];
+            Described::Statement(parse_message(&parse[5..])?.param_types)
+        }
+    })
+}
+
+/// The result format codes of the batch's Bind, for a capture of a batch that describes the
+/// statement: the stored RowDescription is the portal's, with these formats.
+pub(crate) fn statement_described_formats(
+    bytes: &[u8],
+    frames: &[std::ops::Range<usize>],
+    shape: &BatchShape,
+) -> Option<Box<[u8]>> {
+    if shape.describe != BatchDescribe::Statement {
+        return None;
+    }
+    let bind = &bytes[frames[usize::from(shape.parse)].clone()];
+    let bind = bind_message(&bind[5..])?;
+    Some(bind_counts(bind.tail)?.result_formats.into())
+}
+
 pub(crate) use wire::frontend::peek::{
-    bind as bind_message, cstr, parse as parse_message, BindRef as BindMessage,
+    bind as bind_message, bind_counts, cstr, parse as parse_message, BindRef as BindMessage,
 };
 
 /// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
@@ -277,7 +349,7 @@ mod tests {
         let describe = msg(b'D', b"P\0");
         let (b, f) = batch(&[bind("s1", &[]), exec.clone(), sync.clone()]);
         let shape = cacheable_shape(&b, &f).expect("Bind Execute Sync");
-        assert!(!shape.parse && !shape.describe);
+        assert!(!shape.parse && shape.describe == BatchDescribe::None);
         let (b, f) = batch(&[
             parse.clone(),
             bind("s1", &[]),
@@ -286,7 +358,7 @@ mod tests {
             sync.clone(),
         ]);
         let shape = cacheable_shape(&b, &f).expect("Parse Bind Describe Execute Sync");
-        assert!(shape.parse && shape.describe);
+        assert!(shape.parse && shape.describe == BatchDescribe::Portal);
         // Parse of another statement than the one bound, a row limit, two Executes: no.
         let (b, f) = batch(&[parse, bind("s2", &[]), exec.clone(), sync.clone()]);
         assert!(cacheable_shape(&b, &f).is_none());
@@ -294,6 +366,71 @@ mod tests {
         assert!(cacheable_shape(&b, &f).is_none());
         let (b, f) = batch(&[bind("s1", &[]), exec.clone(), exec, sync]);
         assert!(cacheable_shape(&b, &f).is_none());
+    }
+
+    /// `Parse Bind Describe(statement) Execute Sync` (tokio-postgres' `query_typed`) is
+    /// cacheable only when pgmemo can answer the ParameterDescription itself: the unnamed
+    /// statement, parsed in the batch, with a type for every value bound.
+    #[test]
+    fn a_statement_describe_needs_every_parameter_type() {
+        let typed = |name: &str, types: &[u32]| {
+            let mut b = name.as_bytes().to_vec();
+            b.push(0);
+            b.extend_from_slice(b"SELECT $1::int\0");
+            b.extend_from_slice(&(types.len() as i16).to_be_bytes());
+            for t in types {
+                b.extend_from_slice(&t.to_be_bytes());
+            }
+            msg(b'P', &b)
+        };
+        let describe = msg(b'D', b"S\0");
+        let (exec, sync) = (msg(b'E', b"\0\0\0\0\0"), msg(b'S', b""));
+        let shape_of = |parts: &[Vec<u8>]| {
+            let (b, f) = batch(parts);
+            cacheable_shape(&b, &f).map(|s| (s.parse, s.describe))
+        };
+        let with = |parse: Vec<u8>, bind: Vec<u8>| {
+            shape_of(&[parse, bind, describe.clone(), exec.clone(), sync.clone()])
+        };
+        assert_eq!(
+            with(typed("", &[23]), bind("", &["7"])),
+            Some((true, BatchDescribe::Statement))
+        );
+        assert_eq!(
+            with(typed("", &[0]), bind("", &["7"])),
+            None,
+            "a type left to the server"
+        );
+        assert_eq!(
+            with(typed("", &[]), bind("", &["7"])),
+            None,
+            "no types given"
+        );
+        assert_eq!(
+            with(typed("", &[23, 23]), bind("", &["7"])),
+            None,
+            "counts differ"
+        );
+        assert_eq!(
+            with(typed("s1", &[23]), bind("s1", &["7"])),
+            None,
+            "a named statement"
+        );
+        assert_eq!(
+            shape_of(&[
+                bind("", &["7"]),
+                describe.clone(),
+                exec.clone(),
+                sync.clone()
+            ]),
+            None,
+            "no Parse in the batch"
+        );
+        assert_eq!(
+            with(typed("", &[]), bind("", &[])),
+            Some((true, BatchDescribe::Statement)),
+            "no parameters at all"
+        );
     }
 
     #[test]

@@ -15,12 +15,13 @@ use wire::backend::TransactionStatus;
 use wire::FrameHeader;
 
 use super::messages::{
-    bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message, scan_batch,
-    session_switch, split_frames, Batch, BindMessage,
+    batch_described, bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message,
+    scan_batch, session_switch, split_frames, statement_described_formats, Batch, BindMessage,
 };
 use super::{Action, CacheSession, Capture, ClientWriter, Directive, Link};
 use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
+use crate::cache::store::Described;
 use crate::cache::{catalog, context, feed};
 use crate::client::relay::{refill_position, PumpError, RelayState};
 use crate::config::Config;
@@ -404,25 +405,29 @@ impl Requests<'_> {
         client: &ClientWriter<CW>,
         status: TransactionStatus,
         prefix: &[u8],
-        describe: bool,
+        described: Described<'_>,
         pipelined: bool,
     ) -> Result<bool, PumpError> {
         let cache = &self.shared.cache;
         let Some(entry) = cache.store.get(&self.session.key) else {
             return Ok(false);
         };
-        if !entry.is_servable(Instant::now) || (describe && !entry.has_description()) {
+        if !entry.is_servable(Instant::now) || !entry.can_answer(described) {
             return Ok(false);
         }
         if pipelined {
             // Pipelined: the server pump answers it in order, after the responses before it.
             let mut bytes = Vec::new();
-            entry.answer_into(&mut bytes, prefix, describe);
+            if !entry.answer_into(&mut bytes, prefix, described) {
+                return Ok(false);
+            }
             self.request_sent(Effects::default(), Action::Hit(bytes), true, Vec::new());
         } else {
             let out = &mut self.session.out;
             out.clear();
-            entry.answer_into(out, prefix, describe);
+            if !entry.answer_into(out, prefix, described) {
+                return Ok(false);
+            }
             out.extend_from_slice(&[b'Z', 0, 0, 0, 5, status.as_byte()]);
             let mut w = client.lock().await;
             w.write_all(out).await.map_err(PumpError::Client)?;
@@ -474,7 +479,7 @@ impl Requests<'_> {
         if may_hit && self.session.start_key(b'Q').is_some() {
             self.session.key.extend_from_slice(text);
             if self
-                .try_hit(client, status, b"", true, !at_boundary)
+                .try_hit(client, status, b"", Described::Portal, !at_boundary)
                 .await?
             {
                 return Ok(());
@@ -577,7 +582,7 @@ impl Requests<'_> {
                     self.session.key.extend_from_slice(&capture.key);
                     // Single flight happens at a boundary: answer directly.
                     if self
-                        .try_hit(client, status, prefix, describe, false)
+                        .try_hit(client, status, prefix, portal_or_rows(describe), false)
                         .await?
                     {
                         return Ok(None);
@@ -809,8 +814,11 @@ impl Requests<'_> {
                         if self.session.start_key(b'E').is_some() {
                             self.session.key.extend_from_slice(&identity);
                             self.session.key.extend_from_slice(b.tail);
+                            // (`cacheable_shape` read the Parse: always `Some`.)
+                            let described =
+                                batch_described(bytes, frames, s).unwrap_or(Described::Portal);
                             if self
-                                .try_hit(client, status, prefix, s.describe, !at_boundary)
+                                .try_hit(client, status, prefix, described, !at_boundary)
                                 .await?
                             {
                                 if unnamed_parse {
@@ -831,7 +839,12 @@ impl Requests<'_> {
                                 if let Some(miss) = self.quick_miss(&b, &config, pump) {
                                     return self
                                         .forward_quick_miss(
-                                            bytes, miss, status, s.describe, client, server,
+                                            bytes,
+                                            miss,
+                                            status,
+                                            s.describes(),
+                                            client,
+                                            server,
                                         )
                                         .await;
                                 }
@@ -918,6 +931,9 @@ impl Requests<'_> {
                             } else {
                                 self.capture(&plan, b'E', &identity, Some(b.tail), &config)
                             };
+                            if let (Some(c), Some(s)) = (capture.as_mut(), shape.as_ref()) {
+                                c.statement_formats = statement_described_formats(bytes, frames, s);
+                            }
                         }
                     }
                     Err(r) => {
@@ -938,7 +954,7 @@ impl Requests<'_> {
         }
         let action = match capture {
             Some(c) if shape.as_ref().is_some_and(|s| !s.parse) => {
-                let describe = shape.as_ref().is_some_and(|s| s.describe);
+                let describe = shape.as_ref().is_some_and(|s| s.describes());
                 match self
                     .single_flight(c, client, status, BIND_COMPLETE, describe)
                     .await?
@@ -1110,5 +1126,15 @@ fn lossy_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     match std::str::from_utf8(bytes) {
         Ok(text) => std::borrow::Cow::Borrowed(text),
         Err(_) => String::from_utf8_lossy(bytes),
+    }
+}
+
+/// The Describe of a simple Query (always a RowDescription) or of a batch without a statement
+/// Describe: the portal's description, or none.
+fn portal_or_rows(describe: bool) -> Described<'static> {
+    if describe {
+        Described::Portal
+    } else {
+        Described::Nothing
     }
 }

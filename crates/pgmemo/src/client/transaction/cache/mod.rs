@@ -259,7 +259,7 @@ impl TxnCache {
         if self.usable().is_err() || self.context(state).is_none() {
             return Detached::Attach(Some(request));
         }
-        if let Some(bytes) = self.hit(&request, state, TransactionStatus::Idle) {
+        if let Some(bytes) = self.hit(&request, buf, state, TransactionStatus::Idle) {
             self.consume(buf, &request, state);
             return Detached::Answered(bytes);
         }
@@ -320,7 +320,7 @@ impl TxnCache {
             }
             Flight::Follower(done) => {
                 self.shared.cache.wait_for_flight(done).await;
-                let bytes = self.hit(request, state, TransactionStatus::Idle)?;
+                let bytes = self.hit(request, buf, state, TransactionStatus::Idle)?;
                 self.consume(buf, request, state);
                 Some(bytes)
             }
@@ -359,7 +359,7 @@ impl TxnCache {
         }
         let usable = self.usable();
         if usable.is_ok() && !had_context {
-            if let Some(bytes) = self.hit(&request, state, TransactionStatus::Idle) {
+            if let Some(bytes) = self.hit(&request, buf, state, TransactionStatus::Idle) {
                 self.consume(buf, &request, state);
                 return Some(bytes);
             }
@@ -399,7 +399,8 @@ impl TxnCache {
             return None;
         }
         self.make_key(&request, state)?;
-        self.start_capture(&plan, leading.take(), TransactionStatus::Idle);
+        let formats = request.statement_formats(buf);
+        self.start_capture(&plan, leading.take(), TransactionStatus::Idle, formats);
         None
     }
 
@@ -408,11 +409,13 @@ impl TxnCache {
     /// the server was taken), or one this client leads from now on; when another client
     /// already fills the key, its response is captured all the same and the first to end
     /// is stored. The capture is stored when its response ends with ReadyForQuery(`ends`).
+    /// `statement_formats`: the request described its statement (see `Capture`).
     fn start_capture(
         &mut self,
         plan: &Plan,
         leading: Option<flight::FlightGuard>,
         ends: TransactionStatus,
+        statement_formats: Option<Box<[u8]>>,
     ) {
         let Ok(read) = plan.read.as_ref() else {
             return;
@@ -424,6 +427,7 @@ impl TxnCache {
             return;
         }
         let mut capture = Capture::for_read(&self.key, read, &plan.query, &self.db, &self.config);
+        capture.statement_formats = statement_formats;
         // A follower waits for this fill only if it comes later.
         capture.flight = leading.or_else(|| {
             if !plan.query.worth_single_flight() {

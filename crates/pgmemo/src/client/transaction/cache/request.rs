@@ -10,9 +10,10 @@ use wire::FrameHeader;
 
 use super::{refusal, Planned, TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
 use crate::cache::planner;
+use crate::cache::store::Described;
 use crate::client::cached::messages::{
-    bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, short_batch,
-    Batch,
+    bind_counts, bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch,
+    short_batch, Batch, BatchDescribe,
 };
 use crate::client::transaction::link::{ClientState, Unnamed};
 use crate::pool::{ParamTypes, PreparedStatement};
@@ -29,9 +30,56 @@ pub struct Request {
 pub(super) enum Kind {
     Query,
     Batch {
-        describe: bool,
+        describe: BatchDescribed,
         statement: Statement,
     },
+}
+
+/// What a batch's Describe asks of a stored result (see [`Described`]), with where in the
+/// client's buffer the parts a statement's description needs are.
+pub(super) enum BatchDescribed {
+    Nothing,
+    Portal,
+    /// The statement the batch parses: its parameter types (in the Parse) and the result
+    /// format codes (in the Bind), as ranges of the client's buffer.
+    Statement {
+        types: std::ops::Range<usize>,
+        formats: std::ops::Range<usize>,
+    },
+}
+
+impl Request {
+    /// The request's Describe, as the store answers it (`buf`: the client's buffer, the
+    /// request still at its front).
+    pub(super) fn described<'b>(&self, buf: &'b [u8]) -> Option<Described<'b>> {
+        Some(match &self.kind {
+            Kind::Query => Described::Portal,
+            Kind::Batch { describe, .. } => match describe {
+                BatchDescribed::Nothing => Described::Nothing,
+                BatchDescribed::Portal => Described::Portal,
+                BatchDescribed::Statement { types, .. } => {
+                    Described::Statement(buf.get(types.clone())?)
+                }
+            },
+        })
+    }
+
+    /// For a capture: the result formats of a batch that describes its statement.
+    pub(super) fn statement_formats(&self, buf: &[u8]) -> Option<Box<[u8]>> {
+        match &self.kind {
+            Kind::Batch {
+                describe: BatchDescribed::Statement { formats, .. },
+                ..
+            } => Some(buf.get(formats.clone())?.into()),
+            _ => None,
+        }
+    }
+}
+
+/// Where `part`, a slice of `buf`, lies in it.
+fn range_in(buf: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
 }
 
 /// Where a batch's statement text is.
@@ -75,6 +123,18 @@ impl TxnCache {
                 let shape = cacheable_shape(bytes, &frames[..n])?;
                 let bind = &bytes[frames[usize::from(shape.parse)].clone()];
                 let bind = bind_message(&bind[5..])?;
+                let describe = match shape.describe {
+                    BatchDescribe::None => BatchDescribed::Nothing,
+                    BatchDescribe::Portal => BatchDescribed::Portal,
+                    BatchDescribe::Statement => {
+                        let m = parse_message(&bytes[frames[0].start + 5..frames[0].end])?;
+                        let formats = bind_counts(bind.tail)?.result_formats;
+                        BatchDescribed::Statement {
+                            types: range_in(buf, m.param_types),
+                            formats: range_in(buf, formats),
+                        }
+                    }
+                };
                 // The statement: parsed in this batch (unnamed only: a named Parse must
                 // reach a server), the client's unnamed one, or one it prepared by name.
                 let statement = if shape.parse {
@@ -110,7 +170,7 @@ impl TxnCache {
                 Some(Request {
                     len,
                     kind: Kind::Batch {
-                        describe: shape.describe,
+                        describe,
                         statement,
                     },
                     time_word: bind_has_time_word(&bind),
@@ -155,32 +215,30 @@ impl TxnCache {
     pub(super) fn hit(
         &mut self,
         request: &Request,
+        buf: &[u8],
         state: &ClientState,
         status: TransactionStatus,
     ) -> Option<Vec<u8>> {
         self.make_key(request, state)?;
         let cache = &self.shared.cache;
         let entry = cache.store.get(&self.key)?;
-        let (prefix, describe): (&[u8], bool) = match &request.kind {
-            Kind::Query => (b"", true),
+        let prefix: &[u8] = match &request.kind {
+            Kind::Query => b"",
             Kind::Batch {
-                describe,
-                statement,
-            } => (
-                if matches!(statement, Statement::Parse(_)) {
-                    PARSE_AND_BIND_COMPLETE
-                } else {
-                    BIND_COMPLETE
-                },
-                *describe,
-            ),
+                statement: Statement::Parse(_),
+                ..
+            } => PARSE_AND_BIND_COMPLETE,
+            Kind::Batch { .. } => BIND_COMPLETE,
         };
-        if !entry.is_servable(Instant::now) || (describe && !entry.has_description()) {
+        let described = request.described(buf)?;
+        if !entry.is_servable(Instant::now) || !entry.can_answer(described) {
             return None;
         }
         let out = &mut self.out;
         out.clear();
-        entry.answer_into(out, prefix, describe);
+        if !entry.answer_into(out, prefix, described) {
+            return None;
+        }
         out.extend_from_slice(&[b'Z', 0, 0, 0, 5, status.as_byte()]);
         cache.stats.served(&entry);
         Some(std::mem::take(out))
@@ -258,10 +316,10 @@ impl TxnCache {
             kind: Kind::Query,
             time_word: false,
         };
-        let answer = self.answer_in_block(&request, state);
+        let answer = self.answer_in_block(&request, &[], state);
         if answer.is_none() {
             if let Ok(text) = std::str::from_utf8(text) {
-                self.fill_in_block(&request, text, state);
+                self.fill_in_block(&request, text, &[], state);
             }
         }
         answer
@@ -285,9 +343,9 @@ impl TxnCache {
         if !matches!(request.kind, Kind::Batch { .. }) {
             return None;
         }
-        let Some(bytes) = self.answer_in_block(&request, state) else {
+        let Some(bytes) = self.answer_in_block(&request, buf, state) else {
             if let Some(text) = Self::text(&request, buf, state) {
-                self.fill_in_block(&request, &text, state);
+                self.fill_in_block(&request, &text, buf, state);
             }
             return None;
         };
@@ -303,7 +361,7 @@ impl TxnCache {
     /// autocommit read would, and the generations snapshotted now keep a write committed
     /// meanwhile from leaving it stale. A shape the memo lacks is planned with the catalog
     /// after the transaction, so its next read in a block is captured.
-    fn fill_in_block(&mut self, request: &Request, text: &str, state: &ClientState) {
+    fn fill_in_block(&mut self, request: &Request, text: &str, buf: &[u8], state: &ClientState) {
         if self.capture.is_some() {
             return;
         }
@@ -343,14 +401,20 @@ impl TxnCache {
             return;
         }
         if self.make_key(request, state).is_some() {
-            self.start_capture(&plan, None, TransactionStatus::InTransaction);
+            let formats = request.statement_formats(buf);
+            self.start_capture(&plan, None, TransactionStatus::InTransaction, formats);
         }
     }
 
     /// A hit for `request` inside a transaction block, ending with ReadyForQuery('T'), as
     /// bytes the queue can hold until the answers before it are out.
-    fn answer_in_block(&mut self, request: &Request, state: &ClientState) -> Option<Bytes> {
-        let answer = self.hit(request, state, TransactionStatus::InTransaction)?;
+    fn answer_in_block(
+        &mut self,
+        request: &Request,
+        buf: &[u8],
+        state: &ClientState,
+    ) -> Option<Bytes> {
+        let answer = self.hit(request, buf, state, TransactionStatus::InTransaction)?;
         let bytes = Bytes::copy_from_slice(&answer);
         self.recycle(answer);
         Some(bytes)
