@@ -163,11 +163,15 @@ pub(crate) fn cacheable_shape(
     };
     let describe = match &tags[rest..] {
         [b'B', b'E', b'S'] => BatchDescribe::None,
-        [b'B', b'D', b'E', b'S'] => match body(rest + 1) {
-            b"P\0" => BatchDescribe::Portal,
-            b"S\0" if parse => BatchDescribe::Statement,
-            _ => return None,
-        },
+        [b'B', b'D', b'E', b'S'] => {
+            // The target byte and the empty name's NUL.
+            let d = body(rest + 1);
+            match (d.len(), d.first()) {
+                (2, Some(b'P')) if d[1] == 0 => BatchDescribe::Portal,
+                (2, Some(b'S')) if d[1] == 0 && parse => BatchDescribe::Statement,
+                _ => return None,
+            }
+        }
         _ => return None,
     };
     let bind = bind_message(body(rest))?;
@@ -179,9 +183,7 @@ pub(crate) fn cacheable_shape(
         if p.name != bind.statement {
             return None;
         }
-        if describe == BatchDescribe::Statement
-            && !(p.name.is_empty() && all_types_given(p.param_types, &bind))
-        {
+        if describe == BatchDescribe::Statement && !describable(&p, &bind) {
             return None;
         }
     }
@@ -190,6 +192,13 @@ pub(crate) fn cacheable_shape(
         return None;
     }
     Some(BatchShape { parse, describe })
+}
+
+/// Whether pgmemo can answer the Describe of the statement `p` parses: the unnamed one, with
+/// every parameter's type given (see [`all_types_given`]).
+#[cold]
+fn describable(p: &ParseRef<'_>, bind: &BindMessage<'_>) -> bool {
+    p.name.is_empty() && all_types_given(p.param_types, bind)
 }
 
 /// Whether a Parse's parameter types (`ParseRef::param_types`) name a type, none left to the
@@ -206,19 +215,25 @@ fn all_types_given(param_types: &[u8], bind: &BindMessage<'_>) -> bool {
 }
 
 /// What the batch's Describe asks of a stored result; `None` when its Parse is malformed.
+#[inline]
 pub(crate) fn batch_described<'a>(
     bytes: &'a [u8],
     frames: &[std::ops::Range<usize>],
     shape: &BatchShape,
 ) -> Option<Described<'a>> {
-    Some(match shape.describe {
-        BatchDescribe::None => Described::Nothing,
-        BatchDescribe::Portal => Described::Portal,
+    match shape.describe {
+        BatchDescribe::None => Some(Described::Nothing),
+        BatchDescribe::Portal => Some(Described::Portal),
         BatchDescribe::Statement => {
-            let parse = &bytes[frames[0].clone()];
-            Described::Statement(parse_message(&parse[5..])?.param_types)
+            parse_types(&bytes[frames[0].clone()]).map(Described::Statement)
         }
-    })
+    }
+}
+
+/// The parameter types of a Parse frame.
+#[cold]
+fn parse_types(parse: &[u8]) -> Option<&[u8]> {
+    Some(parse_message(&parse[5..])?.param_types)
 }
 
 /// The result format codes of the batch's Bind, for a capture of a batch that describes the
@@ -238,6 +253,7 @@ pub(crate) fn statement_described_formats(
 
 pub(crate) use wire::frontend::peek::{
     bind as bind_message, bind_counts, cstr, parse as parse_message, BindRef as BindMessage,
+    ParseRef,
 };
 
 /// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
