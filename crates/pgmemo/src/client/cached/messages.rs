@@ -124,20 +124,40 @@ pub(crate) struct BatchShape {
 }
 
 /// The Describe of a cacheable batch.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) enum BatchDescribe {
     None,
     /// Of the unnamed portal.
     Portal,
     /// Of the unnamed statement the batch's own Parse made with every parameter type given
     /// (as tokio-postgres' `query_typed` sends): its ParameterDescription is those types.
-    Statement,
+    /// Where, in the batch's bytes, the Parse's parameter types (count and OIDs) and the
+    /// Bind's result format codes are.
+    Statement {
+        types: std::ops::Range<usize>,
+        formats: std::ops::Range<usize>,
+    },
 }
 
 impl BatchShape {
-    /// Whether the answer includes a RowDescription.
-    pub(crate) fn describes(&self) -> bool {
-        self.describe != BatchDescribe::None
+    /// What the batch's Describe asks of a stored result; `bytes`: the batch (or a buffer
+    /// that starts with it).
+    #[inline]
+    pub(crate) fn described<'a>(&self, bytes: &'a [u8]) -> Described<'a> {
+        match &self.describe {
+            BatchDescribe::None => Described::Nothing,
+            BatchDescribe::Portal => Described::Portal,
+            BatchDescribe::Statement { types, .. } => Described::Statement(&bytes[types.clone()]),
+        }
+    }
+
+    /// For a capture of a batch that describes its statement: the Bind's result formats (the
+    /// stored RowDescription is the portal's, with these formats).
+    pub(crate) fn statement_formats(&self, bytes: &[u8]) -> Option<Box<[u8]>> {
+        match &self.describe {
+            BatchDescribe::Statement { formats, .. } => Some(bytes[formats.clone()].into()),
+            _ => None,
+        }
     }
 }
 
@@ -168,7 +188,11 @@ pub(crate) fn cacheable_shape(
             let d = body(rest + 1);
             match (d.len(), d.first()) {
                 (2, Some(b'P')) if d[1] == 0 => BatchDescribe::Portal,
-                (2, Some(b'S')) if d[1] == 0 && parse => BatchDescribe::Statement,
+                // Filled in once the Parse and Bind are read.
+                (2, Some(b'S')) if d[1] == 0 && parse => BatchDescribe::Statement {
+                    types: 0..0,
+                    formats: 0..0,
+                },
                 _ => return None,
             }
         }
@@ -178,77 +202,49 @@ pub(crate) fn cacheable_shape(
     if !bind.portal.is_empty() {
         return None;
     }
+    let exec = body(rest + 1 + usize::from(describe != BatchDescribe::None));
+    let mut describe = describe;
     if parse {
         let p = parse_message(body(0))?;
         if p.name != bind.statement {
             return None;
         }
-        if describe == BatchDescribe::Statement && !describable(&p, &bind) {
-            return None;
+        if let BatchDescribe::Statement { .. } = describe {
+            describe = statement_described(bytes, &p, &bind)?;
         }
     }
-    let exec = body(rest + 1 + usize::from(describe != BatchDescribe::None));
     if exec != b"\0\0\0\0\0" {
         return None;
     }
     Some(BatchShape { parse, describe })
 }
 
-/// Whether pgmemo can answer the Describe of the statement `p` parses: the unnamed one, with
-/// every parameter's type given (see [`all_types_given`]).
+/// The Describe of the statement `p` parses (in `bytes`), when pgmemo can answer it: the
+/// unnamed statement, with a type (not 0, left to the server) for each value the Bind
+/// carries, so that the server's ParameterDescription lists exactly these types.
 #[cold]
-fn describable(p: &ParseRef<'_>, bind: &BindMessage<'_>) -> bool {
-    p.name.is_empty() && all_types_given(p.param_types, bind)
-}
-
-/// Whether a Parse's parameter types (`ParseRef::param_types`) name a type, none left to the
-/// server (0), for each value the Bind carries: the server's ParameterDescription then lists
-/// exactly these.
-fn all_types_given(param_types: &[u8], bind: &BindMessage<'_>) -> bool {
-    let Some((count, oids)) = param_types.split_first_chunk::<2>() else {
-        return false;
-    };
-    let count = i16::from_be_bytes(*count);
-    bind_counts(bind.tail).is_some_and(|c| usize::try_from(count).ok() == Some(c.params))
-        && oids.len() == 4 * usize::try_from(count).unwrap_or(usize::MAX)
-        && oids.chunks_exact(4).all(|oid| oid != [0, 0, 0, 0])
-}
-
-/// What the batch's Describe asks of a stored result; `None` when its Parse is malformed.
-#[inline]
-pub(crate) fn batch_described<'a>(
-    bytes: &'a [u8],
-    frames: &[std::ops::Range<usize>],
-    shape: &BatchShape,
-) -> Option<Described<'a>> {
-    match shape.describe {
-        BatchDescribe::None => Some(Described::Nothing),
-        BatchDescribe::Portal => Some(Described::Portal),
-        BatchDescribe::Statement => {
-            parse_types(&bytes[frames[0].clone()]).map(Described::Statement)
-        }
-    }
-}
-
-/// The parameter types of a Parse frame.
-#[cold]
-fn parse_types(parse: &[u8]) -> Option<&[u8]> {
-    Some(parse_message(&parse[5..])?.param_types)
-}
-
-/// The result format codes of the batch's Bind, for a capture of a batch that describes the
-/// statement: the stored RowDescription is the portal's, with these formats.
-pub(crate) fn statement_described_formats(
+fn statement_described(
     bytes: &[u8],
-    frames: &[std::ops::Range<usize>],
-    shape: &BatchShape,
-) -> Option<Box<[u8]>> {
-    if shape.describe != BatchDescribe::Statement {
-        return None;
-    }
-    let bind = &bytes[frames[usize::from(shape.parse)].clone()];
-    let bind = bind_message(&bind[5..])?;
-    Some(bind_counts(bind.tail)?.result_formats.into())
+    p: &ParseRef<'_>,
+    bind: &BindMessage<'_>,
+) -> Option<BatchDescribe> {
+    let (count, oids) = p.param_types.split_first_chunk::<2>()?;
+    let count = usize::try_from(i16::from_be_bytes(*count)).ok()?;
+    let counts = bind_counts(bind.tail)?;
+    let typed = p.name.is_empty()
+        && count == counts.params
+        && oids.len() == 4 * count
+        && oids.chunks_exact(4).all(|oid| oid != [0, 0, 0, 0]);
+    typed.then(|| BatchDescribe::Statement {
+        types: range_in(bytes, p.param_types),
+        formats: range_in(bytes, counts.result_formats),
+    })
+}
+
+/// Where `part`, a slice of `bytes`, lies in it.
+fn range_in(bytes: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let start = part.as_ptr() as usize - bytes.as_ptr() as usize;
+    start..start + part.len()
 }
 
 pub(crate) use wire::frontend::peek::{
@@ -403,14 +399,26 @@ mod tests {
         let (exec, sync) = (msg(b'E', b"\0\0\0\0\0"), msg(b'S', b""));
         let shape_of = |parts: &[Vec<u8>]| {
             let (b, f) = batch(parts);
-            cacheable_shape(&b, &f).map(|s| (s.parse, s.describe))
+            // (parse, the ParameterDescription's types, the Bind's result formats)
+            cacheable_shape(&b, &f).map(|s| {
+                let types = match s.described(&b) {
+                    Described::Statement(t) => Some(t.to_vec()),
+                    _ => None,
+                };
+                (s.parse, types, s.statement_formats(&b))
+            })
         };
         let with = |parse: Vec<u8>, bind: Vec<u8>| {
             shape_of(&[parse, bind, describe.clone(), exec.clone(), sync.clone()])
         };
+        // bind() asks for text results: no format codes.
         assert_eq!(
             with(typed("", &[23]), bind("", &["7"])),
-            Some((true, BatchDescribe::Statement))
+            Some((
+                true,
+                Some(b"\0\x01\0\0\0\x17".to_vec()),
+                Some(Box::from(&b""[..]))
+            ))
         );
         assert_eq!(
             with(typed("", &[0]), bind("", &["7"])),
@@ -444,7 +452,7 @@ mod tests {
         );
         assert_eq!(
             with(typed("", &[]), bind("", &[])),
-            Some((true, BatchDescribe::Statement)),
+            Some((true, Some(b"\0\0".to_vec()), Some(Box::from(&b""[..])))),
             "no parameters at all"
         );
     }

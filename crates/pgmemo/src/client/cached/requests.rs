@@ -15,8 +15,8 @@ use wire::backend::TransactionStatus;
 use wire::FrameHeader;
 
 use super::messages::{
-    batch_described, bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message,
-    scan_batch, session_switch, split_frames, statement_described_formats, Batch, BindMessage,
+    bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message, scan_batch,
+    session_switch, split_frames, Batch, BindMessage,
 };
 use super::{Action, CacheSession, Capture, ClientWriter, Directive, Link};
 use crate::cache::flight::Flight;
@@ -500,7 +500,10 @@ impl Requests<'_> {
         };
         let action = match refusal {
             Ok(()) => match capture {
-                Some(c) => match self.single_flight(c, client, status, b"", true).await? {
+                Some(c) => match self
+                    .single_flight(c, client, status, b"", Described::Portal)
+                    .await?
+                {
                     Some(c) => Action::Capture(c),
                     None => return Ok(()),
                 },
@@ -564,7 +567,7 @@ impl Requests<'_> {
         client: &ClientWriter<CW>,
         status: TransactionStatus,
         prefix: &[u8],
-        describe: bool,
+        described: Described<'_>,
     ) -> Result<Option<Box<Capture>>, PumpError> {
         if !capture.query.worth_single_flight() {
             return Ok(Some(capture));
@@ -582,7 +585,7 @@ impl Requests<'_> {
                     self.session.key.extend_from_slice(&capture.key);
                     // Single flight happens at a boundary: answer directly.
                     if self
-                        .try_hit(client, status, prefix, portal_or_rows(describe), false)
+                        .try_hit(client, status, prefix, described, false)
                         .await?
                     {
                         return Ok(None);
@@ -814,11 +817,8 @@ impl Requests<'_> {
                         if self.session.start_key(b'E').is_some() {
                             self.session.key.extend_from_slice(&identity);
                             self.session.key.extend_from_slice(b.tail);
-                            // (`cacheable_shape` read the Parse: always `Some`.)
-                            let described =
-                                batch_described(bytes, frames, s).unwrap_or(Described::Portal);
                             if self
-                                .try_hit(client, status, prefix, described, !at_boundary)
+                                .try_hit(client, status, prefix, s.described(bytes), !at_boundary)
                                 .await?
                             {
                                 if unnamed_parse {
@@ -842,7 +842,7 @@ impl Requests<'_> {
                                             bytes,
                                             miss,
                                             status,
-                                            s.describes(),
+                                            s.described(bytes),
                                             client,
                                             server,
                                         )
@@ -932,7 +932,7 @@ impl Requests<'_> {
                                 self.capture(&plan, b'E', &identity, Some(b.tail), &config)
                             };
                             if let (Some(c), Some(s)) = (capture.as_mut(), shape.as_ref()) {
-                                c.statement_formats = statement_described_formats(bytes, frames, s);
+                                c.statement_formats = s.statement_formats(bytes);
                             }
                         }
                     }
@@ -954,9 +954,11 @@ impl Requests<'_> {
         }
         let action = match capture {
             Some(c) if shape.as_ref().is_some_and(|s| !s.parse) => {
-                let describe = shape.as_ref().is_some_and(|s| s.describes());
+                let described = shape
+                    .as_ref()
+                    .map_or(Described::Nothing, |s| s.described(bytes));
                 match self
-                    .single_flight(c, client, status, BIND_COMPLETE, describe)
+                    .single_flight(c, client, status, BIND_COMPLETE, described)
                     .await?
                 {
                     Some(c) => Action::Capture(c),
@@ -1047,7 +1049,7 @@ impl Requests<'_> {
         bytes: &Bytes,
         miss: QuickMiss,
         status: TransactionStatus,
-        describe: bool,
+        described: Described<'_>,
         client: &ClientWriter<CW>,
         server: &mut SW,
     ) -> Result<(), PumpError>
@@ -1057,7 +1059,7 @@ impl Requests<'_> {
     {
         let action = match miss.capture {
             Some(c) => match self
-                .single_flight(c, client, status, BIND_COMPLETE, describe)
+                .single_flight(c, client, status, BIND_COMPLETE, described)
                 .await?
             {
                 Some(c) => {
@@ -1126,15 +1128,5 @@ fn lossy_text(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     match std::str::from_utf8(bytes) {
         Ok(text) => std::borrow::Cow::Borrowed(text),
         Err(_) => String::from_utf8_lossy(bytes),
-    }
-}
-
-/// The Describe of a simple Query (always a RowDescription) or of a batch without a statement
-/// Describe: the portal's description, or none.
-fn portal_or_rows(describe: bool) -> Described<'static> {
-    if describe {
-        Described::Portal
-    } else {
-        Described::Nothing
     }
 }

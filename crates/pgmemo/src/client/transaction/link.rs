@@ -143,31 +143,26 @@ pub struct TxnTrack {
 /// comes from code pgmemo cannot see into (a function, `DO`, `CALL`, `set_config`) or from a
 /// configuration reload on the server.
 #[derive(Default)]
-pub enum Explained {
-    #[default]
-    Nothing,
-    Names(Vec<String>),
-    Everything,
+pub struct Explained {
+    /// Settings the transaction's statements changed, by name.
+    names: Vec<String>,
+    /// A statement changed settings pgmemo does not name (`RESET ALL`, a role).
+    all: bool,
 }
 
 impl Explained {
     /// Counts a change to `name` (every setting: `None`).
     pub fn add(&mut self, name: Option<&str>) {
-        match (name, &mut *self) {
-            (_, Explained::Everything) => {}
-            (None, _) => *self = Explained::Everything,
-            (Some(n), Explained::Names(names)) => names.push(n.to_owned()),
-            (Some(n), Explained::Nothing) => *self = Explained::Names(vec![n.to_owned()]),
+        match name {
+            Some(n) if !self.all => self.names.push(n.to_owned()),
+            Some(_) => {}
+            None => self.all = true,
         }
     }
 
     /// Whether a report of `name` is accounted for.
     pub fn covers(&self, name: &str) -> bool {
-        match self {
-            Explained::Nothing => false,
-            Explained::Names(names) => names.iter().any(|n| n.eq_ignore_ascii_case(name)),
-            Explained::Everything => true,
-        }
+        self.all || self.names.iter().any(|n| n.eq_ignore_ascii_case(name))
     }
 }
 

@@ -2,6 +2,8 @@
 //! memoized plan), applied at COMMIT and dropped at ROLLBACK, the capture of the first
 //! request's response, and the planning of new statements once the transaction is over.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use wire::backend::TransactionStatus;
 
@@ -32,6 +34,43 @@ impl TxnCache {
             .get(&s.id)
             .filter(|p| p.context_id == context.id && p.epoch == epoch)
             .cloned()
+    }
+
+    /// The plan of `request` as far as it is known without a catalog lookup (none can run
+    /// before a server is taken, nor inside the client's block): kept for the client's named
+    /// statement, memoized for the statement's shape, or complete without the catalog (a new
+    /// one is then kept for the named statement). `text` gives the statement's text, read only
+    /// when the named statement's plan is not kept. `None` when the plan needs the catalog.
+    pub(super) fn plan_without_lookup(
+        &mut self,
+        request: &Request,
+        context: &Context,
+        text: impl FnOnce() -> Option<Arc<str>>,
+    ) -> Option<Planned> {
+        if let Some(p) = self.statement_planned(request, context) {
+            return Some(p);
+        }
+        let text = text()?;
+        let epoch = self.plans_epoch();
+        // The memo's key is built in the client's own buffer (lent out while `planning`
+        // borrows the rest): no allocation when the memo knows the shape.
+        let mut memo_key = std::mem::take(&mut self.memo_key);
+        let planning = self.planning(Some(context), epoch);
+        let (plan, time_literal) = planner::memoized_with(&planning, &text, &mut memo_key)
+            .unwrap_or_else(|| planner::plan_without_catalog(&planning, &text));
+        self.memo_key = memo_key;
+        if !plan.complete {
+            return None;
+        }
+        let planned = Planned {
+            context_id: context.id,
+            epoch,
+            text,
+            plan,
+            time_literal,
+        };
+        self.remember_statement_plan(request, &planned);
+        Some(planned)
     }
 
     /// Keeps the plan of a request executing a named statement.

@@ -278,32 +278,9 @@ impl TxnCache {
         self.leading = None;
         let context = self.context(state)?.clone();
         self.usable().ok()?;
-        let planned = match self.statement_planned(request, &context) {
-            Some(p) => p,
-            None => {
-                let text: Arc<str> = Self::text(request, buf, state)?.into();
-                let epoch = self.plans_epoch();
-                // The memo's key is built in the client's own buffer (lent out while
-                // `planning` borrows the rest): no allocation when the memo knows the shape.
-                let mut memo_key = std::mem::take(&mut self.memo_key);
-                let planning = self.planning(Some(&context), epoch);
-                let (plan, time_literal) = planner::memoized_with(&planning, &text, &mut memo_key)
-                    .unwrap_or_else(|| planner::plan_without_catalog(&planning, &text));
-                self.memo_key = memo_key;
-                if !plan.complete {
-                    return None;
-                }
-                let planned = Planned {
-                    context_id: context.id,
-                    epoch,
-                    text,
-                    plan,
-                    time_literal,
-                };
-                self.remember_statement_plan(request, &planned);
-                planned
-            }
-        };
+        let planned = self.plan_without_lookup(request, &context, || {
+            Self::text(request, buf, state).map(Arc::from)
+        })?;
         let cacheable = planned.plan.read.is_ok()
             && !planned.time_literal
             && !request.time_word

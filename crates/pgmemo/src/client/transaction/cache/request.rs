@@ -8,12 +8,11 @@ use bytes::{Bytes, BytesMut};
 use wire::backend::TransactionStatus;
 use wire::FrameHeader;
 
-use super::{refusal, Planned, TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
-use crate::cache::planner;
+use super::{refusal, TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
 use crate::cache::store::Described;
 use crate::client::cached::messages::{
-    bind_counts, bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch,
-    short_batch, Batch, BatchDescribe,
+    bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, short_batch,
+    Batch, BatchShape,
 };
 use crate::client::transaction::link::{ClientState, Unnamed};
 use crate::pool::{ParamTypes, PreparedStatement};
@@ -30,56 +29,30 @@ pub struct Request {
 pub(super) enum Kind {
     Query,
     Batch {
-        describe: BatchDescribed,
+        /// Its shape; the ranges it holds are of the client's buffer, which starts with the
+        /// batch until the request is consumed.
+        shape: BatchShape,
         statement: Statement,
-    },
-}
-
-/// What a batch's Describe asks of a stored result (see [`Described`]), with where in the
-/// client's buffer the parts a statement's description needs are.
-pub(super) enum BatchDescribed {
-    Nothing,
-    Portal,
-    /// The statement the batch parses: its parameter types (in the Parse) and the result
-    /// format codes (in the Bind), as ranges of the client's buffer.
-    Statement {
-        types: std::ops::Range<usize>,
-        formats: std::ops::Range<usize>,
     },
 }
 
 impl Request {
     /// The request's Describe, as the store answers it (`buf`: the client's buffer, the
     /// request still at its front).
-    pub(super) fn described<'b>(&self, buf: &'b [u8]) -> Option<Described<'b>> {
-        Some(match &self.kind {
+    pub(super) fn described<'b>(&self, buf: &'b [u8]) -> Described<'b> {
+        match &self.kind {
             Kind::Query => Described::Portal,
-            Kind::Batch { describe, .. } => match describe {
-                BatchDescribed::Nothing => Described::Nothing,
-                BatchDescribed::Portal => Described::Portal,
-                BatchDescribed::Statement { types, .. } => {
-                    Described::Statement(buf.get(types.clone())?)
-                }
-            },
-        })
+            Kind::Batch { shape, .. } => shape.described(buf),
+        }
     }
 
     /// For a capture: the result formats of a batch that describes its statement.
     pub(super) fn statement_formats(&self, buf: &[u8]) -> Option<Box<[u8]>> {
         match &self.kind {
-            Kind::Batch {
-                describe: BatchDescribed::Statement { formats, .. },
-                ..
-            } => Some(buf.get(formats.clone())?.into()),
-            _ => None,
+            Kind::Batch { shape, .. } => shape.statement_formats(buf),
+            Kind::Query => None,
         }
     }
-}
-
-/// Where `part`, a slice of `buf`, lies in it.
-fn range_in(buf: &[u8], part: &[u8]) -> std::ops::Range<usize> {
-    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
-    start..start + part.len()
 }
 
 /// Where a batch's statement text is.
@@ -123,18 +96,6 @@ impl TxnCache {
                 let shape = cacheable_shape(bytes, &frames[..n])?;
                 let bind = &bytes[frames[usize::from(shape.parse)].clone()];
                 let bind = bind_message(&bind[5..])?;
-                let describe = match shape.describe {
-                    BatchDescribe::None => BatchDescribed::Nothing,
-                    BatchDescribe::Portal => BatchDescribed::Portal,
-                    BatchDescribe::Statement => {
-                        let m = parse_message(&bytes[frames[0].start + 5..frames[0].end])?;
-                        let formats = bind_counts(bind.tail)?.result_formats;
-                        BatchDescribed::Statement {
-                            types: range_in(buf, m.param_types),
-                            formats: range_in(buf, formats),
-                        }
-                    }
-                };
                 // The statement: parsed in this batch (unnamed only: a named Parse must
                 // reach a server), the client's unnamed one, or one it prepared by name.
                 let statement = if shape.parse {
@@ -169,10 +130,7 @@ impl TxnCache {
                 tail.extend_from_slice(bind.tail);
                 Some(Request {
                     len,
-                    kind: Kind::Batch {
-                        describe,
-                        statement,
-                    },
+                    kind: Kind::Batch { shape, statement },
                     time_word: bind_has_time_word(&bind),
                 })
             }
@@ -230,7 +188,7 @@ impl TxnCache {
             } => PARSE_AND_BIND_COMPLETE,
             Kind::Batch { .. } => BIND_COMPLETE,
         };
-        let described = request.described(buf)?;
+        let described = request.described(buf);
         if !entry.is_servable(Instant::now) || !entry.can_answer(described) {
             return None;
         }
@@ -368,29 +326,9 @@ impl TxnCache {
         let Some(context) = self.context(state).cloned() else {
             return;
         };
-        let planned = match self.statement_planned(request, &context) {
-            Some(p) => p,
-            None => {
-                let epoch = self.plans_epoch();
-                let mut memo_key = std::mem::take(&mut self.memo_key);
-                let planning = self.planning(Some(&context), epoch);
-                let known = planner::memoized_with(&planning, text, &mut memo_key)
-                    .or_else(|| Some(planner::plan_without_catalog(&planning, text)))
-                    .filter(|(plan, _)| plan.complete);
-                self.memo_key = memo_key;
-                let Some((plan, time_literal)) = known else {
-                    return;
-                };
-                let planned = Planned {
-                    context_id: context.id,
-                    epoch,
-                    text: text.into(),
-                    plan,
-                    time_literal,
-                };
-                self.remember_statement_plan(request, &planned);
-                planned
-            }
+        let Some(planned) = self.plan_without_lookup(request, &context, || Some(text.into()))
+        else {
+            return;
         };
         let plan = Arc::clone(&planned.plan);
         let time = planned.time_literal || request.time_word;
