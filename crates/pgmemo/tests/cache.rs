@@ -960,6 +960,15 @@ async fn pipelined_requests_mix_hits_and_misses_in_order() {
 }
 
 #[tokio::test]
+async fn pipelined_misses_are_stored() {
+    let (_pg, memo, direct) = setup_with(|c| {
+        c.cache_admission = pgmemo::config::CacheAdmission::Always;
+    })
+    .await;
+    cache_support::pipelined_misses_are_stored(&memo, &direct).await;
+}
+
+#[tokio::test]
 async fn a_refused_parse_of_a_name_in_use_keeps_the_old_statement() {
     let (_pg, memo, _direct) = setup().await;
     cache_support::a_name_in_use_keeps_its_statement(&memo).await;
@@ -1026,4 +1035,10 @@ async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
 async fn statement_described_batches_are_cached() {
     let (pg, memo, direct) = setup().await;
     cache_support::statement_described_batches_are_cached(&memo, &pg, &direct).await;
+}
+
+#[tokio::test]
+async fn a_read_pipelined_behind_a_write_in_a_block_sees_the_write() {
+    let (_pg, memo, _direct) = setup().await;
+    cache_support::a_read_pipelined_behind_a_write_in_a_block_sees_the_write(&memo).await;
 }

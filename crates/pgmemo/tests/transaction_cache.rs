@@ -636,3 +636,12 @@ async fn statement_described_batches_are_cached() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_read_pipelined_behind_a_write_in_a_block_sees_the_write() {
+    within(DEADLINE, async {
+        let (_pg, memo, _direct) = setup(2).await;
+        cache_support::a_read_pipelined_behind_a_write_in_a_block_sees_the_write(&memo).await;
+    })
+    .await;
+}

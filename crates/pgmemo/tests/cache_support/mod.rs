@@ -589,3 +589,99 @@ pub async fn statement_described_batches_are_cached(
         .unwrap();
     assert_eq!(typed_read(2).await, "two", "served from the cache");
 }
+
+/// Reads pipelined behind other reads (sent before the answers before them arrived) are
+/// stored when they miss, in simple and extended protocol; a read pipelined behind a write is
+/// not served from a result the write made stale. Needs `cache_admission = "always"` (every
+/// miss stored at once). `direct` writes without pgmemo seeing it: a read that still returns
+/// the old value afterwards was served from the cache.
+pub async fn pipelined_misses_are_stored(memo: &PgmemoInstance, direct: &Client) {
+    use crate::raw::*;
+    direct
+        .batch_execute("INSERT INTO t (id, v) VALUES (3, 'three'), (4, 'four'), (5, 'five')")
+        .await
+        .unwrap();
+    let read = |id: u32| query(&format!("SELECT v FROM t WHERE id = {id}"));
+    let mut c = Raw::connect(memo.addr()).await;
+    // The statement's shape is planned at a request boundary first (a pipelined request is
+    // never planned with the catalog).
+    assert_eq!(c.round_trip(&[read(1)]).await.1, ["one"]);
+    // One write: the first read is at a boundary, the next two are pipelined misses.
+    let (_, v) = c.round_trip(&[read(2), read(3), read(4)]).await;
+    assert_eq!(v, ["two"]);
+    assert_eq!(c.round_trip(&[]).await.1, ["three"]);
+    assert_eq!(c.round_trip(&[]).await.1, ["four"]);
+    // Extended protocol: a named statement executed once at a boundary, then pipelined.
+    let s = "SELECT v FROM t WHERE id = $1 AND v IS NOT NULL";
+    c.round_trip(&[parse_named("s", s, &[23]), sync()]).await;
+    let exec = |id: &str| [bind_named("s", &[id]), execute(), sync()].concat();
+    assert_eq!(c.round_trip(&[exec("1")]).await.1, ["one"]);
+    let (_, v) = c.round_trip(&[exec("2"), exec("3"), exec("4")]).await;
+    assert_eq!(v, ["two"]);
+    assert_eq!(c.round_trip(&[]).await.1, ["three"]);
+    assert_eq!(c.round_trip(&[]).await.1, ["four"]);
+    direct
+        .batch_execute("UPDATE t SET v = v || '+'")
+        .await
+        .unwrap();
+    for (id, old) in [(3, "three"), (4, "four")] {
+        assert_eq!(
+            c.round_trip(&[read(id)]).await.1,
+            [old],
+            "the pipelined simple read of row {id} was stored"
+        );
+        assert_eq!(
+            c.round_trip(&[exec(&id.to_string())]).await.1,
+            [old],
+            "the pipelined execution for row {id} was stored"
+        );
+    }
+    // A read pipelined behind a write is not answered from the cache: the write's commit
+    // will have made the stored result stale by the time the read would run.
+    assert_eq!(c.round_trip(&[read(5)]).await.1, ["five+"]);
+    assert_eq!(c.round_trip(&[read(5)]).await.1, ["five+"]);
+    let (_, v) = c
+        .round_trip(&[query("UPDATE t SET v = 'cinq' WHERE id = 5"), read(5)])
+        .await;
+    assert!(v.is_empty());
+    assert_eq!(c.round_trip(&[]).await.1, ["cinq"]);
+    assert_eq!(c.round_trip(&[read(5)]).await.1, ["cinq"]);
+}
+
+/// Inside a transaction block, a read pipelined behind the block's own write (sent before that
+/// write was answered) sees the write: it is neither answered from the cache nor stored (what
+/// it reads is uncommitted, and the ROLLBACK below undoes it).
+pub async fn a_read_pipelined_behind_a_write_in_a_block_sees_the_write(memo: &PgmemoInstance) {
+    use crate::raw::*;
+    let read = |id: u32| query(&format!("SELECT v FROM t WHERE id = {id}"));
+    let mut c = Raw::connect(memo.addr()).await;
+    let s = "SELECT v FROM t WHERE id = $1 AND v IS NOT NULL";
+    c.round_trip(&[parse_named("s", s, &[23]), sync()]).await;
+    let exec = |id: &str| [bind_named("s", &[id]), execute(), sync()].concat();
+    // Row 2 is cached, in both protocols (a cheap result is stored from its second miss).
+    for _ in 0..3 {
+        assert_eq!(c.round_trip(&[read(2)]).await.1, ["two"]);
+        assert_eq!(c.round_trip(&[exec("2")]).await.1, ["two"]);
+    }
+    c.round_trip(&[query("BEGIN")]).await;
+    let write = |id: u32, v: &str| query(&format!("UPDATE t SET v = '{v}' WHERE id = {id}"));
+    // Cached, but the block changed the row: not served from the cache.
+    c.round_trip(&[write(2, "x"), read(2)]).await;
+    assert_eq!(c.round_trip(&[]).await.1, ["x"], "simple protocol");
+    c.round_trip(&[write(2, "y"), exec("2")]).await;
+    assert_eq!(c.round_trip(&[]).await.1, ["y"], "extended protocol");
+    // Not cached: read from the server, and what it saw must not be stored.
+    for _ in 0..2 {
+        c.round_trip(&[write(1, "uncommitted"), read(1)]).await;
+        assert_eq!(c.round_trip(&[]).await.1, ["uncommitted"]);
+        c.round_trip(&[write(1, "uncommitted"), exec("1")]).await;
+        assert_eq!(c.round_trip(&[]).await.1, ["uncommitted"]);
+    }
+    c.round_trip(&[query("ROLLBACK")]).await;
+    for _ in 0..2 {
+        assert_eq!(c.round_trip(&[read(1)]).await.1, ["one"]);
+        assert_eq!(c.round_trip(&[exec("1")]).await.1, ["one"]);
+        assert_eq!(c.round_trip(&[read(2)]).await.1, ["two"]);
+        assert_eq!(c.round_trip(&[exec("2")]).await.1, ["two"]);
+    }
+}

@@ -2,8 +2,11 @@
 //! Query or an extended batch (`[Parse] Bind [Describe] Execute Sync`) at a request boundary
 //! is looked up by key and, on a hit, answered from memory; otherwise it is forwarded, with a
 //! capture directive when its result may be stored and with the effects its commit will have.
-//! Pipelined requests (sent before the previous answer arrived) are forwarded as they are:
-//! their effects are still tracked, but they are neither served nor stored.
+//! Pipelined requests (sent before the previous answer arrived) are served and stored the same
+//! way when every request still in flight before them is an inert read, so they run in the
+//! state known now; a pipelined miss never waits for another session's fill of its key (its
+//! answer must keep its place). Behind anything else they are forwarded as they are, their
+//! effects still tracked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -279,6 +282,23 @@ impl Requests<'_> {
                 <= self.link.answered.load(Ordering::Relaxed)
     }
 
+    /// Whether results may be served and stored for a request arriving now: at a boundary,
+    /// or pipelined behind inert reads only ([`Self::pipelined_hit_allowed`]), where the
+    /// request runs in the state known now. A pipelined miss is then stored like any other:
+    /// its capture's generations are taken before it is sent, earlier than it runs.
+    fn usable_now(
+        &self,
+        at_boundary: bool,
+        status: TransactionStatus,
+        config: &Config,
+    ) -> Result<(), Refusal> {
+        if at_boundary || self.pipelined_hit_allowed(status) {
+            self.usable(status, config)
+        } else {
+            Err(Refusal::Pipelined)
+        }
+    }
+
     /// Whether results may be served and stored right now (at a boundary, status `status`).
     fn usable(&self, status: TransactionStatus, config: &Config) -> Result<(), Refusal> {
         if !config.cache_on_for(&self.session.client_database) {
@@ -466,17 +486,9 @@ impl Requests<'_> {
             }
         }
         let config = self.shared.config();
-        let usable = if at_boundary {
-            self.usable(status, &config)
-        } else {
-            Err(Refusal::Pipelined)
-        };
-        let may_hit = usable.is_ok()
-            || (!at_boundary
-                && self.pipelined_hit_allowed(status)
-                && self.usable(status, &config).is_ok());
+        let usable = self.usable_now(at_boundary, status, &config);
         let mut looked_up = false;
-        if may_hit && self.session.start_key(b'Q').is_some() {
+        if usable.is_ok() && self.session.start_key(b'Q').is_some() {
             self.session.key.extend_from_slice(text);
             if self
                 .try_hit(client, status, b"", Described::Portal, !at_boundary)
@@ -500,6 +512,7 @@ impl Requests<'_> {
         };
         let action = match refusal {
             Ok(()) => match capture {
+                Some(c) if !at_boundary => Action::Capture(c),
                 Some(c) => match self
                     .single_flight(c, client, status, b"", Described::Portal)
                     .await?
@@ -767,25 +780,14 @@ impl Requests<'_> {
         let status = self.st.status();
         let config = self.shared.config();
         let shape = cacheable_shape(bytes, frames);
-        // Pipelined batches may be answered from the cache but are neither planned with the
-        // catalog nor stored.
-        let usable = if at_boundary || self.pipelined_hit_allowed(status) {
-            self.usable(status, &config)
-        } else {
-            Err(Refusal::Pipelined)
-        };
-        let hit_usable = usable;
+        // Pipelined batches are served and stored too, but not planned with the catalog.
+        let usable = self.usable_now(at_boundary, status, &config);
         // The identity whose key `session.key` holds after a lookup that missed: a capture
         // of the same statement reuses that key.
         let mut looked_up: Option<Bytes> = None;
-        let usable = if at_boundary {
-            usable
-        } else {
-            Err(Refusal::Pipelined)
-        };
         // Hit: Bind [Describe] Execute Sync on a statement prepared earlier, or the same after
         // a Parse of the unnamed statement (which the server then gets only when needed).
-        if let (Some(s), Ok(())) = (&shape, hit_usable) {
+        if let (Some(s), Ok(())) = (&shape, usable) {
             let unnamed_parse = s.parse && {
                 let p = &bytes[frames[0].clone()];
                 parse_message(&p[5..]).is_some_and(|m| m.name.is_empty())
@@ -835,14 +837,15 @@ impl Requests<'_> {
                                 }
                                 return Ok(());
                             }
-                            if !s.parse && at_boundary && usable.is_ok() {
+                            if !s.parse {
                                 if let Some(miss) = self.quick_miss(&b, &config, pump) {
+                                    let described = s.described(bytes);
                                     return self
                                         .forward_quick_miss(
                                             bytes,
                                             miss,
-                                            status,
-                                            s.described(bytes),
+                                            (status, at_boundary),
+                                            described,
                                             client,
                                             server,
                                         )
@@ -953,7 +956,7 @@ impl Requests<'_> {
             pump.syncs_since_request += 1;
         }
         let action = match capture {
-            Some(c) if shape.as_ref().is_some_and(|s| !s.parse) => {
+            Some(c) if at_boundary && shape.as_ref().is_some_and(|s| !s.parse) => {
                 let described = shape
                     .as_ref()
                     .map_or(Described::Nothing, |s| s.described(bytes));
@@ -1048,7 +1051,7 @@ impl Requests<'_> {
         &mut self,
         bytes: &Bytes,
         miss: QuickMiss,
-        status: TransactionStatus,
+        (status, at_boundary): (TransactionStatus, bool),
         described: Described<'_>,
         client: &ClientWriter<CW>,
         server: &mut SW,
@@ -1058,6 +1061,11 @@ impl Requests<'_> {
         SW: AsyncWrite + Unpin,
     {
         let action = match miss.capture {
+            // Pipelined: answers must stay in order, so it never waits for another fill.
+            Some(c) if !at_boundary => {
+                self.shared.cache.stats.missed(&c.query);
+                Action::Capture(c)
+            }
             Some(c) => match self
                 .single_flight(c, client, status, BIND_COMPLETE, described)
                 .await?
