@@ -645,3 +645,18 @@ async fn a_read_pipelined_behind_a_write_in_a_block_sees_the_write() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn pipelined_misses_are_stored() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = cache_support::setup_with(|c| {
+            c.pool_mode = PoolMode::Transaction;
+            c.pool_size = 2;
+            c.invalidation = Invalidation::Proxy;
+            c.cache_admission = pgmemo::config::CacheAdmission::Always;
+        })
+        .await;
+        cache_support::pipelined_misses_are_stored(&memo, &direct).await;
+    })
+    .await;
+}

@@ -200,6 +200,44 @@ pub async fn reads_never_stale(
                     };
                     floors[k as usize].fetch_max(v, Ordering::SeqCst);
                     writes += 1;
+                } else if x % 10 == 1 {
+                    // Pipelined: tokio-postgres sends concurrent requests without waiting,
+                    // a write among them at times.
+                    let ks = [k, (k + 7) % 20, (k + 13) % 20];
+                    let before: Vec<i64> = ks
+                        .iter()
+                        .map(|k| floors[*k as usize].load(Ordering::SeqCst))
+                        .collect();
+                    let (k0, k1) = (ks[0], ks[1]);
+                    let write = format!("UPDATE kv SET v = v + 1 WHERE k = {k1}");
+                    let bump = async {
+                        if (x >> 20) % 3 == 0 {
+                            c.batch_execute(&write).await.unwrap();
+                        }
+                    };
+                    let simple = format!("SELECT v FROM kv WHERE k = {}", ks[2]);
+                    let (p0, p1): (
+                        [&(dyn tokio_postgres::types::ToSql + Sync); 1],
+                        [&(dyn tokio_postgres::types::ToSql + Sync); 1],
+                    ) = ([&k0], [&k1]);
+                    let (a, b, (), d) = futures_util::join!(
+                        c.query_one(&read, &p0),
+                        c.query_one(&read, &p1),
+                        bump,
+                        first(&c, &simple),
+                    );
+                    let got: [i64; 3] = [
+                        a.unwrap().get(0),
+                        b.unwrap().get(0),
+                        d.unwrap().parse().unwrap(),
+                    ];
+                    for ((k, v), floor) in ks.iter().zip(got).zip(before) {
+                        assert!(
+                            v >= floor,
+                            "key {k}: pipelined read {v} after a write of {floor} was acknowledged"
+                        );
+                    }
+                    reads += 3;
                 } else {
                     let floor = floors[k as usize].load(Ordering::SeqCst);
                     let v: i64 = if x % 3 == 0 {
@@ -591,10 +629,11 @@ pub async fn statement_described_batches_are_cached(
 }
 
 /// Reads pipelined behind other reads (sent before the answers before them arrived) are
-/// stored when they miss, in simple and extended protocol; a read pipelined behind a write is
-/// not served from a result the write made stale. Needs `cache_admission = "always"` (every
-/// miss stored at once). `direct` writes without pgmemo seeing it: a read that still returns
-/// the old value afterwards was served from the cache.
+/// answered from the cache in their turn and stored when they miss, in simple and extended
+/// protocol, also behind a read that fails; a read pipelined behind a write is not served
+/// from a result the write made stale. Needs `cache_admission = "always"` (every miss stored
+/// at once). `direct` writes without pgmemo seeing it: a read that still returns the old
+/// value afterwards was served from the cache.
 pub async fn pipelined_misses_are_stored(memo: &PgmemoInstance, direct: &Client) {
     use crate::raw::*;
     direct
@@ -606,40 +645,77 @@ pub async fn pipelined_misses_are_stored(memo: &PgmemoInstance, direct: &Client)
     // The statement's shape is planned at a request boundary first (a pipelined request is
     // never planned with the catalog).
     assert_eq!(c.round_trip(&[read(1)]).await.1, ["one"]);
-    // One write: the first read is at a boundary, the next two are pipelined misses.
-    let (_, v) = c.round_trip(&[read(2), read(3), read(4)]).await;
-    assert_eq!(v, ["two"]);
-    assert_eq!(c.round_trip(&[]).await.1, ["three"]);
-    assert_eq!(c.round_trip(&[]).await.1, ["four"]);
+    let bad = || query("SELECT v::int FROM t WHERE id = 1");
+    assert!(c.round_trip(&[bad()]).await.0.contains(&'E'));
+    // A read never stored (its text reads the clock).
+    let clock = || query("SELECT v FROM t WHERE id = 2 AND ts < 'now'");
+    assert_eq!(c.round_trip(&[clock()]).await.1, ["two"]);
+    // One write: a miss, a hit, a read not stored, two more misses; then a failing read and
+    // two more.
+    let pipeline = [
+        read(2),
+        read(1),
+        clock(),
+        read(3),
+        read(4),
+        bad(),
+        read(1),
+        read(5),
+    ];
+    let mut answers = Vec::new();
+    for i in 0..pipeline.len() {
+        let (tags, v) = c.round_trip(if i == 0 { &pipeline } else { &[] }).await;
+        answers.push((tags.contains(&'E'), v));
+    }
+    let expected = [
+        (false, vec!["two"]),
+        (false, vec!["one"]),
+        (false, vec!["two"]),
+        (false, vec!["three"]),
+        (false, vec!["four"]),
+        (true, vec![]),
+        (false, vec!["one"]),
+        (false, vec!["five"]),
+    ];
+    let expected: Vec<(bool, Vec<String>)> = expected
+        .into_iter()
+        .map(|(e, v)| (e, v.into_iter().map(str::to_owned).collect()))
+        .collect();
+    assert_eq!(answers, expected, "simple protocol, in order");
     // Extended protocol: a named statement executed once at a boundary, then pipelined.
     let s = "SELECT v FROM t WHERE id = $1 AND v IS NOT NULL";
     c.round_trip(&[parse_named("s", s, &[23]), sync()]).await;
     let exec = |id: &str| [bind_named("s", &[id]), execute(), sync()].concat();
     assert_eq!(c.round_trip(&[exec("1")]).await.1, ["one"]);
-    let (_, v) = c.round_trip(&[exec("2"), exec("3"), exec("4")]).await;
-    assert_eq!(v, ["two"]);
-    assert_eq!(c.round_trip(&[]).await.1, ["three"]);
-    assert_eq!(c.round_trip(&[]).await.1, ["four"]);
+    let pipeline = [exec("2"), exec("1"), exec("3"), exec("4"), exec("5")];
+    let (_, v) = c.round_trip(&pipeline).await;
+    let mut values = v;
+    for _ in 1..pipeline.len() {
+        values.extend(c.round_trip(&[]).await.1);
+    }
+    assert_eq!(
+        values,
+        ["two", "one", "three", "four", "five"],
+        "extended protocol, in order"
+    );
     direct
         .batch_execute("UPDATE t SET v = v || '+'")
         .await
         .unwrap();
-    for (id, old) in [(3, "three"), (4, "four")] {
+    for (id, old) in [(2, "two"), (3, "three"), (4, "four"), (5, "five")] {
         assert_eq!(
             c.round_trip(&[read(id)]).await.1,
             [old],
-            "the pipelined simple read of row {id} was stored"
+            "the pipelined simple read of row {id} was stored as its own"
         );
         assert_eq!(
             c.round_trip(&[exec(&id.to_string())]).await.1,
             [old],
-            "the pipelined execution for row {id} was stored"
+            "the pipelined execution for row {id} was stored as its own"
         );
     }
     // A read pipelined behind a write is not answered from the cache: the write's commit
     // will have made the stored result stale by the time the read would run.
-    assert_eq!(c.round_trip(&[read(5)]).await.1, ["five+"]);
-    assert_eq!(c.round_trip(&[read(5)]).await.1, ["five+"]);
     let (_, v) = c
         .round_trip(&[query("UPDATE t SET v = 'cinq' WHERE id = 5"), read(5)])
         .await;

@@ -530,7 +530,8 @@ impl Requests<'_> {
         if matches!(action, Action::Capture(_)) {
             self.shared.cache.stats.missed(&plan.query);
         }
-        let inert = plan.read.is_ok() && plan.effects.is_empty() && !time_literal;
+        // A read of the clock is not stored, but changes nothing either.
+        let inert = plan.read.is_ok() && plan.effects.is_empty();
         self.request_sent(plan.effects.clone(), action, inert, Vec::new());
         send(server, &frame).await
     }
@@ -904,7 +905,7 @@ impl Requests<'_> {
             };
             effects.merge(&plan.effects);
             self.apply_statement_changes(&plan);
-            read_ok = plan.read.is_ok() && !time_literal;
+            read_ok = plan.read.is_ok();
             if shape.is_some() {
                 let bind =
                     &bytes[frames[usize::from(shape.as_ref().is_some_and(|s| s.parse))].clone()];
@@ -1040,7 +1041,7 @@ impl Requests<'_> {
         };
         Some(QuickMiss {
             capture,
-            inert: plan.read.is_ok() && !time_literal,
+            inert: plan.read.is_ok(),
             parses: std::mem::take(&mut pump.parses),
         })
     }

@@ -690,7 +690,9 @@ impl Pumps<'_, '_> {
             let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
             let mut translated = Ok(false);
             loop {
-                if requests::batch_hit_in_block(client_buf, &mut link, self.opts.max_message) {
+                if requests::batch_hit_in_block(client_buf, &mut link, self.opts.max_message)
+                    || requests::pipelined_read(client_buf, &mut link, self.opts.max_message)
+                {
                     translated = Ok(true);
                     continue;
                 }
@@ -855,7 +857,9 @@ impl Pumps<'_, '_> {
                     link.retried = true;
                 }
                 loop {
-                    if requests::batch_hit_in_block(buf, &mut link, self.opts.max_message) {
+                    if requests::batch_hit_in_block(buf, &mut link, self.opts.max_message)
+                        || requests::pipelined_read(buf, &mut link, self.opts.max_message)
+                    {
                         wake = true;
                         continue;
                     }

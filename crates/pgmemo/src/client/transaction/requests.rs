@@ -11,6 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use wire::frontend::{self, Bind, Close, Describe, Execute, Parse, Target};
 use wire::{ErrorResponse, Frame, WireError};
 
+use super::cache::Pipelined;
 use super::commands::{
     duplicate, ensure_on, missing, raise_sql, Outcome, Plan, Planner, Protocol, ServerPrep,
 };
@@ -248,6 +249,37 @@ pub fn batch_hit_in_block(buf: &mut BytesMut, link: &mut Link<'_>, max_message: 
         return false;
     };
     let Some(answer) = cache.batch_hit_in_block(buf, link.client, max_message) else {
+        return false;
+    };
+    link.queue.push_back(Entry::local(answer));
+    true
+}
+
+/// Looks at the request at the front of `buf` when it starts (no batch begun) with the cache
+/// on, for [`TxnCache::pipelined`](crate::client::transaction::cache::TxnCache::pipelined):
+/// a read pipelined behind inert reads only is answered from the cache (queued as pgmemo's
+/// own answer; `true`: the server pump must send it) or captured.
+pub fn pipelined_read(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize) -> bool {
+    if link.mid_batch || buf.is_empty() {
+        return false;
+    }
+    let Some(cache) = link.cache.as_deref_mut() else {
+        return false;
+    };
+    if !cache.watches_pipeline() {
+        return false;
+    }
+    let at = Pipelined {
+        first: link.queue.is_empty(),
+        excluded: link.copy_in || !link.txn.pending.is_empty(),
+        // The answers to pgmemo's own statements are kept from the client.
+        ahead: link
+            .queue
+            .iter()
+            .filter(|e| e.forward && matches!(e.expect, Expect::Sync | Expect::Query))
+            .count(),
+    };
+    let Some(answer) = cache.pipelined(buf, link.client, max_message, at) else {
         return false;
     };
     link.queue.push_back(Entry::local(answer));

@@ -1,6 +1,7 @@
 //! While attached: what each statement the client runs will invalidate (from its kept or
-//! memoized plan), applied at COMMIT and dropped at ROLLBACK, the capture of the first
-//! request's response, and the planning of new statements once the transaction is over.
+//! memoized plan), applied at COMMIT and dropped at ROLLBACK, the captures of responses (the
+//! first request's, a read's in a block, pipelined reads'), and the planning of new statements
+//! once the transaction is over.
 
 use std::sync::Arc;
 
@@ -224,21 +225,32 @@ impl TxnCache {
     /// ReadyForQuery with this status, which ends the captured response (stored when the
     /// status is the one the capture expects: a failed block's read is not).
     pub fn observe(&mut self, tag: u8, frame: &[u8], ready: Option<TransactionStatus>) {
-        let Some(filling) = self.capture.as_mut() else {
+        let Some(front) = self.fills.front_mut() else {
             return;
         };
         match ready {
+            // Part of an earlier request's response.
+            None if front.ahead > 0 => {}
             None => {
+                let filling = &mut front.filling;
                 if !filling.fits(frame.len()) {
                     filling.abort(Refusal::TooLarge);
                 }
                 filling.add(tag, frame);
             }
             Some(status) => {
-                let filling = self.capture.take().expect("checked");
-                if status == self.capture_ends {
-                    self.scratch =
-                        filling.finish(false, &self.shared.cache, &self.shared.upstream_time);
+                if front.ahead == 0 {
+                    let fill = self.fills.pop_front().expect("checked");
+                    if status == fill.ends {
+                        self.scratch = fill.filling.finish(
+                            false,
+                            &self.shared.cache,
+                            &self.shared.upstream_time,
+                        );
+                    }
+                }
+                for fill in &mut self.fills {
+                    fill.ahead -= 1;
                 }
             }
         }
@@ -247,7 +259,7 @@ impl TxnCache {
     /// The attachment ended without the client seeing the end of its transaction (it left,
     /// the server failed): whatever it may have committed goes from the cache.
     pub fn abandoned(&mut self) {
-        self.capture = None;
+        self.fills.clear();
         self.committed();
     }
 }

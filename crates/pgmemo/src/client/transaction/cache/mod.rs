@@ -10,14 +10,18 @@
 //! (or the ReadyForQuery ending an autocommit statement) applies them before the client sees
 //! it, a ROLLBACK drops them. Inside a transaction block that has not written, a simple Query
 //! or an extended-protocol read may be answered from the cache (`hit_in_block`,
-//! `batch_hit_in_block`), and stored when it missed and its plan is memoized.
+//! `batch_hit_in_block`), and stored when it missed and its plan is memoized. Reads pipelined
+//! behind the first request are served or captured the same way (`pipeline`).
 
 mod effects;
+mod pipeline;
 mod request;
 
+pub use pipeline::Pipelined;
 pub use request::Request;
 use request::{may_switch, Kind};
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -77,12 +81,15 @@ pub struct TxnCache {
     out: Vec<u8>,
     /// Effects of the statements answered so far in the transaction in progress.
     txn: Effects,
-    /// The response being captured: the attachment's first request, or a read in a
-    /// transaction block that has not written.
-    capture: Option<Filling>,
-    /// The status of the ReadyForQuery that ends the captured response cleanly: `Idle` for
-    /// the attachment's first request, `InTransaction` for a read in a block.
-    capture_ends: TransactionStatus,
+    /// The responses being captured, in request order: the attachment's first request, a
+    /// read in a transaction block that has not written, reads pipelined behind it.
+    fills: VecDeque<Fill>,
+    /// Every request sent during this attachment is a read that cannot change the
+    /// transaction, the settings or any data: a read pipelined behind them runs in the state
+    /// known now (see `pipeline`).
+    inert_so_far: bool,
+    /// The attachment's first request, which `attached` looked at, is still to be sent.
+    first_unsent: bool,
     /// Lent to each capture in turn (see `Filling`).
     scratch: Vec<u8>,
     /// Effects of executing each bound portal.
@@ -111,6 +118,17 @@ struct Planned {
     text: Arc<str>,
     plan: Arc<Plan>,
     time_literal: bool,
+}
+
+/// A response being captured.
+struct Fill {
+    /// ReadyForQuery messages the client gets before this response begins (the answers to
+    /// the requests sent before it).
+    ahead: usize,
+    filling: Filling,
+    /// The status of the ReadyForQuery that ends the response cleanly: `Idle` outside a
+    /// transaction block, `InTransaction` for a read in a block.
+    ends: TransactionStatus,
 }
 
 /// What to do with a detached client's request.
@@ -159,8 +177,9 @@ impl TxnCache {
             tail: Vec::with_capacity(256),
             out: Vec::with_capacity(1024),
             txn: Effects::default(),
-            capture: None,
-            capture_ends: TransactionStatus::Idle,
+            fills: VecDeque::new(),
+            inert_so_far: false,
+            first_unsent: false,
             scratch: Vec::new(),
             portals: Map::default(),
             rollback_seen: false,
@@ -317,7 +336,9 @@ impl TxnCache {
     ) -> Option<Vec<u8>> {
         self.txn = Effects::default();
         self.portals.clear();
-        self.capture = None;
+        self.fills.clear();
+        self.inert_so_far = false;
+        self.first_unsent = false;
         self.rollback_seen = false;
         self.in_block = false;
         self.unplanned.clear();
@@ -370,6 +391,8 @@ impl TxnCache {
                 (plan, time_literal)
             }
         };
+        self.first_unsent = true;
+        self.inert_so_far = plan.complete && plan.read.is_ok() && plan.effects.is_empty();
         let refusal = refusal(&plan, usable, time_literal || request.time_word, &context);
         if let Err(r) = refusal {
             self.shared.cache.stats.refused_query(r, &plan.query);
@@ -377,7 +400,7 @@ impl TxnCache {
         }
         self.make_key(&request, state)?;
         let formats = request.statement_formats(buf);
-        self.start_capture(&plan, leading.take(), TransactionStatus::Idle, formats);
+        self.start_capture(&plan, leading.take(), TransactionStatus::Idle, formats, 0);
         None
     }
 
@@ -386,13 +409,15 @@ impl TxnCache {
     /// the server was taken), or one this client leads from now on; when another client
     /// already fills the key, its response is captured all the same and the first to end
     /// is stored. The capture is stored when its response ends with ReadyForQuery(`ends`).
-    /// `statement_formats`: the request described its statement (see `Capture`).
+    /// `statement_formats`: the request described its statement (see `Capture`). `ahead`:
+    /// the ReadyForQuery messages that end the responses before this one.
     fn start_capture(
         &mut self,
         plan: &Plan,
         leading: Option<flight::FlightGuard>,
         ends: TransactionStatus,
         statement_formats: Option<Box<[u8]>>,
+        ahead: usize,
     ) {
         let Ok(read) = plan.read.as_ref() else {
             return;
@@ -415,8 +440,11 @@ impl TxnCache {
                 Flight::Follower(_) => None,
             }
         });
-        self.capture = Some(Filling::new(capture, std::mem::take(&mut self.scratch)));
-        self.capture_ends = ends;
+        self.fills.push_back(Fill {
+            ahead,
+            filling: Filling::new(capture, std::mem::take(&mut self.scratch)),
+            ends,
+        });
     }
 
     /// Brings the server's settings in line with the client's, then reads what the cache

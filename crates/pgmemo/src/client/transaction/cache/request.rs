@@ -320,7 +320,7 @@ impl TxnCache {
     /// meanwhile from leaving it stale. A shape the memo lacks is planned with the catalog
     /// after the transaction, so its next read in a block is captured.
     fn fill_in_block(&mut self, request: &Request, text: &str, buf: &[u8], state: &ClientState) {
-        if self.capture.is_some() {
+        if !self.fills.is_empty() {
             return;
         }
         let Some(context) = self.context(state).cloned() else {
@@ -340,7 +340,7 @@ impl TxnCache {
         }
         if self.make_key(request, state).is_some() {
             let formats = request.statement_formats(buf);
-            self.start_capture(&plan, None, TransactionStatus::InTransaction, formats);
+            self.start_capture(&plan, None, TransactionStatus::InTransaction, formats, 0);
         }
     }
 
@@ -352,7 +352,19 @@ impl TxnCache {
         buf: &[u8],
         state: &ClientState,
     ) -> Option<Bytes> {
-        let answer = self.hit(request, buf, state, TransactionStatus::InTransaction)?;
+        self.queued_answer(request, buf, state, TransactionStatus::InTransaction)
+    }
+
+    /// A hit for `request`, ending with ReadyForQuery(`status`), as bytes the queue can hold
+    /// until the answers before it are out.
+    pub(super) fn queued_answer(
+        &mut self,
+        request: &Request,
+        buf: &[u8],
+        state: &ClientState,
+        status: TransactionStatus,
+    ) -> Option<Bytes> {
+        let answer = self.hit(request, buf, state, status)?;
         let bytes = Bytes::copy_from_slice(&answer);
         self.recycle(answer);
         Some(bytes)
