@@ -558,40 +558,7 @@ async fn oversized_results_cursors_and_row_limited_portals_are_not_cached() {
             .unwrap();
     }
 
-    // The whole result is cached; a row-limited Execute of the same statement must neither be
-    // answered with it (a different response: all rows, no PortalSuspended) nor store its own.
-    let stmt = c.prepare("SELECT v FROM t WHERE id = $1").await.unwrap();
-    let cached = get(&c, &stmt).await;
-    assert_eq!(get(&c, &stmt).await, cached);
-    let hits = show_cache(&memo, "hits").await;
-    assert_eq!(get(&c, &stmt).await, cached);
-    assert_eq!(
-        show_cache(&memo, "hits").await,
-        hits + 1,
-        "the whole result is cached"
-    );
-    for round in 0..3 {
-        let tx = c.transaction().await.unwrap();
-        let portal = tx.bind(&stmt, &[&1i32]).await.unwrap();
-        let rows = tx.query_portal(&portal, 1).await.unwrap();
-        tx.commit().await.unwrap();
-        let got: Option<String> = rows[0].get(0);
-        let fresh = first(&direct, "SELECT v FROM t WHERE id = 1").await;
-        assert_eq!(got, fresh, "Execute with max_rows 1, round {round}");
-        direct
-            .batch_execute("UPDATE t SET v = v || '+' WHERE id = 1")
-            .await
-            .unwrap();
-    }
-    assert!(show_cache(&memo, "refused_portal_suspension").await > 0);
-    // A named portal run whole is not a batch the cache keys either.
-    let tx = c.transaction().await.unwrap();
-    let portal = tx.bind(&stmt, &[&1i32]).await.unwrap();
-    let rows = tx.query_portal(&portal, 0).await.unwrap();
-    tx.commit().await.unwrap();
-    let fresh = first(&direct, "SELECT v FROM t WHERE id = 1").await;
-    assert_eq!(rows[0].get::<_, Option<String>>(0), fresh, "a named portal");
-    assert!(show_cache(&memo, "refused_unsupported_batch").await > 0);
+    cache_support::row_limited_and_unkeyed_executions_are_refused(&memo, &mut c, &direct).await;
 }
 
 /// An IMMUTABLE (by declaration) function that takes a while: a slow cacheable read.

@@ -660,3 +660,13 @@ async fn pipelined_misses_are_stored() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn row_limited_and_unkeyed_executions_are_refused() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = setup(2).await;
+        let mut c = memo.client("postgres", "postgres").await;
+        cache_support::row_limited_and_unkeyed_executions_are_refused(&memo, &mut c, &direct).await;
+    })
+    .await;
+}

@@ -761,3 +761,84 @@ pub async fn a_read_pipelined_behind_a_write_in_a_block_sees_the_write(memo: &Pg
         assert_eq!(c.round_trip(&[exec("2")]).await.1, ["two"]);
     }
 }
+
+/// A row-limited Execute of a cached statement is neither answered with the whole result nor
+/// stored (refusal `portal_suspension`); a named portal run whole, and reads executed in a
+/// batch with more than one Execute, are not batches the cache keys (`unsupported_batch`).
+/// Each is answered fresh after a direct write. `c` goes through pgmemo.
+pub async fn row_limited_and_unkeyed_executions_are_refused(
+    memo: &PgmemoInstance,
+    c: &mut Client,
+    direct: &Client,
+) {
+    // The whole result is cached; a row-limited Execute of the same statement must neither be
+    // answered with it (a different response: all rows, no PortalSuspended) nor store its own.
+    let stmt = c.prepare("SELECT v FROM t WHERE id = $1").await.unwrap();
+    async fn get(c: &Client, s: &tokio_postgres::Statement) -> String {
+        c.query_one(s, &[&1i32]).await.unwrap().get::<_, String>(0)
+    }
+    let cached = get(c, &stmt).await;
+    assert_eq!(get(c, &stmt).await, cached);
+    let hits = show_cache(memo, "hits").await;
+    assert_eq!(get(c, &stmt).await, cached);
+    assert_eq!(
+        show_cache(memo, "hits").await,
+        hits + 1,
+        "the whole result is cached"
+    );
+    for round in 0..3 {
+        let tx = c.transaction().await.unwrap();
+        let portal = tx.bind(&stmt, &[&1i32]).await.unwrap();
+        let rows = tx.query_portal(&portal, 1).await.unwrap();
+        tx.commit().await.unwrap();
+        let got: Option<String> = rows[0].get(0);
+        let fresh = first(direct, "SELECT v FROM t WHERE id = 1").await;
+        assert_eq!(got, fresh, "Execute with max_rows 1, round {round}");
+        direct
+            .batch_execute("UPDATE t SET v = v || '+' WHERE id = 1")
+            .await
+            .unwrap();
+    }
+    assert!(show_cache(memo, "refused_portal_suspension").await > 0);
+    // A named portal run whole is not a batch the cache keys either.
+    let tx = c.transaction().await.unwrap();
+    let portal = tx.bind(&stmt, &[&1i32]).await.unwrap();
+    let rows = tx.query_portal(&portal, 0).await.unwrap();
+    tx.commit().await.unwrap();
+    let fresh = first(direct, "SELECT v FROM t WHERE id = 1").await;
+    assert_eq!(rows[0].get::<_, Option<String>>(0), fresh, "a named portal");
+    assert!(show_cache(memo, "refused_unsupported_batch").await > 0);
+    // Two reads executed before one Sync.
+    {
+        use crate::raw::*;
+        let mut raw = Raw::connect(memo.addr()).await;
+        let s = "SELECT v FROM t WHERE id = $1";
+        raw.round_trip(&[parse_named("two", s, &[23]), sync()])
+            .await;
+        // A cacheable read first: transaction pooling reads the client's settings for it.
+        raw.round_trip(&[query("SELECT v FROM t WHERE id = 2")])
+            .await;
+        let batch = [
+            bind_named("two", &["1"]),
+            execute(),
+            bind_named("two", &["2"]),
+            execute(),
+            sync(),
+        ];
+        // The first run plans the statement (transaction pooling: after the transaction).
+        raw.round_trip(&batch).await;
+        let before = show_cache(memo, "refused_unsupported_batch").await;
+        direct
+            .batch_execute("UPDATE t SET v = v || '+' WHERE id = 1")
+            .await
+            .unwrap();
+        let (_, v) = raw.round_trip(&batch).await;
+        let fresh = first(direct, "SELECT v FROM t WHERE id = 1").await.unwrap();
+        assert_eq!(v, [fresh.as_str(), "two"]);
+        assert_eq!(
+            show_cache(memo, "refused_unsupported_batch").await,
+            before + 2,
+            "each read of the batch"
+        );
+    }
+}

@@ -104,8 +104,14 @@ pub fn translate(
                     entry.outcomes.push(Outcome::clone(outcome));
                 }
             }
-            if let Some(cache) = link.cache.as_deref() {
+            if let Some(cache) = link.cache.as_deref_mut() {
                 entry.effects = Some(Box::new(cache.portal_effects(portal)));
+                let max_rows = Execute::max_rows_of(frame.body())?;
+                let first = !link
+                    .batch
+                    .tags_before(link.batch.len().saturating_sub(1))
+                    .any(|t| t == frontend::tag::EXECUTE);
+                cache.executed(portal, max_rows, first);
             }
             out.extend_from_slice(frame.raw());
             link.queue.push_back(entry);
@@ -525,23 +531,20 @@ fn bound(portal: &[u8], name: &str, link: &mut Link<'_>) {
         return;
     };
     let client = &*link.client;
-    let effects = if name.is_empty() {
-        client
+    if name.is_empty() {
+        let parse = client
             .unnamed
             .as_ref()
-            .and_then(|u| Parse::decode(u.parse.slice(5..)).ok())
-            .and_then(|p| {
-                std::str::from_utf8(&p.query)
-                    .ok()
-                    .map(|sql| cache.effects_of(sql, None, client, settings_pending))
-            })
+            .and_then(|u| Parse::decode(u.parse.slice(5..)).ok());
+        let text = parse
+            .as_ref()
+            .and_then(|p| std::str::from_utf8(&p.query).ok());
+        cache.bound(portal, text.map(|t| (t, None)), client, settings_pending);
     } else {
-        client
-            .statements
-            .get(name)
-            .map(|s| cache.effects_of(&s.key.text, Some(s.id), client, settings_pending))
-    };
-    cache.bound(portal, effects.unwrap_or_else(writes_anything));
+        let statement = client.statements.get(name);
+        let text = statement.map(|s| (&*s.key.text, Some(s.id)));
+        cache.bound(portal, text, client, settings_pending);
+    }
 }
 
 /// Gets the statement a Bind or Describe names ready on the server. `None`: the name is

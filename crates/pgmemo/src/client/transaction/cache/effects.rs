@@ -9,7 +9,9 @@ use bytes::Bytes;
 use wire::backend::TransactionStatus;
 
 use super::request::{Kind, Request, Statement};
-use super::{Planned, ServerCatalog, TxnCache, MAX_PLANNED_AFTER, MAX_STATEMENT_PLANS};
+use super::{
+    BoundPortal, Planned, ServerCatalog, TxnCache, MAX_PLANNED_AFTER, MAX_STATEMENT_PLANS,
+};
 use crate::cache::context::Context;
 use crate::cache::plan::{Effects, Refusal};
 use crate::cache::planner;
@@ -112,6 +114,22 @@ impl TxnCache {
         state: &ClientState,
         settings_pending: bool,
     ) -> Effects {
+        self.portal_plan(text, statement, state, settings_pending)
+            .effects
+    }
+
+    /// [`Self::effects_of`], and the statement's counters when it is a cacheable read.
+    fn portal_plan(
+        &mut self,
+        text: &str,
+        statement: Option<u64>,
+        state: &ClientState,
+        settings_pending: bool,
+    ) -> BoundPortal {
+        let known = |p: &Planned| BoundPortal {
+            effects: p.plan.effects.clone(),
+            read: p.plan.read.is_ok().then(|| Arc::clone(&p.plan.query)),
+        };
         let epoch = self.plans_epoch();
         let context = self.trusted_context(state, settings_pending);
         let context_id = context.map(|c| c.id);
@@ -120,13 +138,13 @@ impl TxnCache {
             .as_ref()
             .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch && *p.text == *text)
         {
-            return p.plan.effects.clone();
+            return known(p);
         }
         if let Some(p) = statement
             .and_then(|id| self.statement_plans.get(&id))
             .filter(|p| Some(p.context_id) == context_id && p.epoch == epoch)
         {
-            return p.plan.effects.clone();
+            return known(p);
         }
         let planning = self.planning(context, epoch);
         let (plan, _) = planner::plan_without_catalog(&planning, text);
@@ -137,7 +155,10 @@ impl TxnCache {
         {
             self.unplanned.push(text.to_owned());
         }
-        plan.effects.clone()
+        BoundPortal {
+            effects: plan.effects.clone(),
+            read: (plan.complete && plan.read.is_ok()).then(|| Arc::clone(&plan.query)),
+        }
     }
 
     /// Plans, with the catalog, the statements the transaction ran that the memo did not know
@@ -164,22 +185,62 @@ impl TxnCache {
         }
     }
 
-    /// A Bind: executing `portal` will run `text`.
-    pub fn bound(&mut self, portal: &[u8], effects: Effects) {
+    /// A Bind: executing `portal` will run `text` (`statement`: the id of the client's named
+    /// statement whose text this is; `None` for what `text` is unknown: it may write
+    /// anything).
+    pub fn bound(
+        &mut self,
+        portal: &[u8],
+        text: Option<(&str, Option<u64>)>,
+        state: &ClientState,
+        settings_pending: bool,
+    ) {
+        let bound = match text {
+            Some((text, statement)) => self.portal_plan(text, statement, state, settings_pending),
+            None => BoundPortal {
+                effects: unknown_effects(),
+                read: None,
+            },
+        };
         match self.portals.get_mut(portal) {
-            Some(slot) => *slot = effects,
+            Some(slot) => *slot = bound,
             None => {
-                self.portals.insert(Bytes::copy_from_slice(portal), effects);
+                self.portals.insert(Bytes::copy_from_slice(portal), bound);
             }
+        }
+    }
+
+    /// An Execute of `portal`: a read the cache could have stored is counted as refused
+    /// when the batch is not one the cache keys (`[Parse] Bind [Describe] Execute Sync` of
+    /// the unnamed portal, without a row limit). `max_rows`: the Execute's row limit;
+    /// `first`: no Execute came before it in its batch (the first is counted once a second
+    /// shows the batch is not keyed).
+    pub fn executed(&mut self, portal: &[u8], max_rows: i32, first: bool) {
+        let stats = &self.shared.cache.stats;
+        if !first {
+            if let Some(query) = self.first_execute.take() {
+                stats.refused_query(Refusal::UnsupportedBatch, &query);
+            }
+        } else {
+            self.first_execute = None;
+        }
+        let Some(query) = self.portals.get(portal).and_then(|p| p.read.as_ref()) else {
+            return;
+        };
+        if max_rows != 0 {
+            stats.refused_query(Refusal::PortalSuspension, query);
+        } else if !portal.is_empty() || !first {
+            stats.refused_query(Refusal::UnsupportedBatch, query);
+        } else {
+            self.first_execute = Some(Arc::clone(query));
         }
     }
 
     /// The effects of executing `portal` (as if it could write anything when unknown).
     pub fn portal_effects(&self, portal: &[u8]) -> Effects {
-        self.portals.get(portal).cloned().unwrap_or(Effects {
-            database_wide: true,
-            ..Effects::default()
-        })
+        self.portals
+            .get(portal)
+            .map_or_else(unknown_effects, |p| p.effects.clone())
     }
 
     /// A statement's answer arrived: it ran (or began to), so its effects count.
@@ -261,5 +322,13 @@ impl TxnCache {
     pub fn abandoned(&mut self) {
         self.fills.clear();
         self.committed();
+    }
+}
+
+/// The effects of running a statement pgmemo cannot read: it may write anything.
+fn unknown_effects() -> Effects {
+    Effects {
+        database_wide: true,
+        ..Effects::default()
     }
 }

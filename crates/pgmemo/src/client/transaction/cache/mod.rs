@@ -36,6 +36,7 @@ use crate::cache::feed;
 use crate::cache::flight::{self, Flight};
 use crate::cache::plan::{Effects, Plan, Refusal};
 use crate::cache::planner::{self, Catalog, Planning};
+use crate::cache::stats::QueryStats;
 use crate::cache::DatabaseCache;
 use crate::client::cached::messages::session_switch;
 use crate::config::Config;
@@ -92,8 +93,11 @@ pub struct TxnCache {
     first_unsent: bool,
     /// Lent to each capture in turn (see `Filling`).
     scratch: Vec<u8>,
-    /// Effects of executing each bound portal.
-    portals: Map<Bytes, Effects>,
+    /// What executing each bound portal does.
+    portals: Map<Bytes, BoundPortal>,
+    /// The read executed first in the batch in progress, counted as refused if another
+    /// Execute follows in the same batch.
+    first_execute: Option<Arc<QueryStats>>,
     /// A `ROLLBACK` tag arrived since the last ReadyForQuery.
     rollback_seen: bool,
     /// The last ReadyForQuery said a transaction block was open.
@@ -118,6 +122,15 @@ struct Planned {
     text: Arc<str>,
     plan: Arc<Plan>,
     time_literal: bool,
+}
+
+/// What executing a bound portal does, as known when it was bound.
+#[derive(Clone)]
+struct BoundPortal {
+    effects: Effects,
+    /// The statement's counters, when it is a read the cache could store in a batch it keys
+    /// (an execution in any other batch counts as refused).
+    read: Option<Arc<QueryStats>>,
 }
 
 /// A response being captured.
@@ -182,6 +195,7 @@ impl TxnCache {
             first_unsent: false,
             scratch: Vec::new(),
             portals: Map::default(),
+            first_execute: None,
             rollback_seen: false,
             in_block: false,
             unplanned: Vec::new(),
