@@ -11,7 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use wire::frontend::{self, Bind, Close, Describe, Execute, Parse, Target};
 use wire::{ErrorResponse, Frame, WireError};
 
-use super::cache::Pipelined;
+use super::cache::{Pipelined, TxnCache};
 use super::commands::{
     duplicate, ensure_on, missing, raise_sql, Outcome, Plan, Planner, Protocol, ServerPrep,
 };
@@ -262,19 +262,29 @@ pub fn batch_hit_in_block(buf: &mut BytesMut, link: &mut Link<'_>, max_message: 
 }
 
 /// Looks at the request at the front of `buf` when it starts (no batch begun) with the cache
-/// on, for [`TxnCache::pipelined`](crate::client::transaction::cache::TxnCache::pipelined):
+/// on, for [`TxnCache::pipelined`]:
 /// a read pipelined behind inert reads only is answered from the cache (queued as pgmemo's
 /// own answer; `true`: the server pump must send it) or captured.
+/// Asked before every message: only the check that there is nothing to do is inlined.
+#[inline(always)]
 pub fn pipelined_read(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize) -> bool {
-    if link.mid_batch || buf.is_empty() {
+    if link.mid_batch
+        || buf.is_empty()
+        || !link
+            .cache
+            .as_deref()
+            .is_some_and(TxnCache::watches_pipeline)
+    {
         return false;
     }
+    look_at_pipelined(buf, link, max_message)
+}
+
+#[inline(never)]
+fn look_at_pipelined(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize) -> bool {
     let Some(cache) = link.cache.as_deref_mut() else {
         return false;
     };
-    if !cache.watches_pipeline() {
-        return false;
-    }
     let at = Pipelined {
         first: link.queue.is_empty(),
         excluded: link.copy_in || !link.txn.pending.is_empty(),
