@@ -76,7 +76,9 @@ pub struct Entry {
     /// Per statement of a Query (or the one of an Execute), in order.
     pub outcomes: Vec<Outcome>,
     pub next: usize,
-    pub revert: Option<Revert>,
+    /// Boxed: set only on Parse entries, and entries are moved several times per message
+    /// (a smaller entry is copied inline rather than through `memcpy`).
+    pub revert: Option<Box<Revert>>,
     /// The server-side statement a Bind uses: closed and prepared again when the server says
     /// its plan no longer matches the table (`cached plan must not change result type`).
     pub uses: Option<Arc<PreparedStatement>>,

@@ -243,12 +243,24 @@ fn hit_in_block(frame: &Frame, link: &mut Link<'_>) -> Option<Bytes> {
 /// is inside a transaction block under the conditions of [`hit_in_block`]: the batch is taken
 /// from `buf` and its answer queued as pgmemo's own (`true`: the server pump must send it).
 /// Called before the batch's first message is decoded, since a hit needs the whole batch.
+/// Asked before every message: only the checks that rule it out are inlined.
+#[inline(always)]
 pub fn batch_hit_in_block(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize) -> bool {
-    if !matches!(
-        buf.first(),
-        Some(&(frontend::tag::PARSE | frontend::tag::BIND))
-    ) || !in_block_between_requests(link)
+    if link.cache.is_none()
+        || link.client.status != wire::backend::TransactionStatus::InTransaction
+        || !matches!(
+            buf.first(),
+            Some(&(frontend::tag::PARSE | frontend::tag::BIND))
+        )
     {
+        return false;
+    }
+    answer_batch_in_block(buf, link, max_message)
+}
+
+#[inline(never)]
+fn answer_batch_in_block(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize) -> bool {
+    if !in_block_between_requests(link) {
         return false;
     }
     let Some(cache) = link.cache.as_deref_mut() else {
@@ -444,11 +456,11 @@ fn parse(
     }
     if link.server.statements.touch(&statement) {
         let mut entry = Entry::local(parse_complete());
-        entry.revert = Some(Revert {
+        entry.revert = Some(Box::new(Revert {
             statement,
             client_name: Some(name),
             on_server: false,
-        });
+        }));
         link.queue.push_back(entry);
         return Ok(true);
     }
@@ -464,11 +476,11 @@ fn parse(
     };
     out.extend_from_slice(create);
     let mut entry = Entry::forward(Expect::Parse);
-    entry.revert = Some(Revert {
+    entry.revert = Some(Box::new(Revert {
         statement,
         client_name: Some(name),
         on_server: true,
-    });
+    }));
     link.queue.push_back(entry);
     Ok(false)
 }

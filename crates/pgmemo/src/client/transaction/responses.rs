@@ -426,7 +426,7 @@ fn on_error(link: &mut Link<'_>) {
         first = false;
         let entry = link.queue.pop_front().expect("checked");
         if let Some(revert) = entry.revert {
-            link.revert(revert);
+            link.revert(*revert);
         }
         link.revert_outcomes(&entry.outcomes[entry.next.min(entry.outcomes.len())..]);
     }
