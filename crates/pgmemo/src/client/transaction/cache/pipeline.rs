@@ -18,8 +18,8 @@ pub struct Pipelined {
     /// Nothing is owed to the client before it: the attachment's first request, or one
     /// arriving after every answer.
     pub first: bool,
-    /// The request starts inside a transaction block, with a SET pending, or amid COPY: it
-    /// can only be forwarded.
+    /// The request starts with a SET pending or amid COPY: it can only be forwarded (so can
+    /// one inside a transaction block, which the client's status tells).
     pub excluded: bool,
     /// ReadyForQuery messages the client will get from the server before this request's.
     pub ahead: usize,
