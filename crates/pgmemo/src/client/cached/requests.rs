@@ -512,9 +512,8 @@ impl Requests<'_> {
         };
         let action = match refusal {
             Ok(()) => match capture {
-                Some(c) if !at_boundary => Action::Capture(c),
                 Some(c) => match self
-                    .single_flight(c, client, status, b"", Described::Portal)
+                    .single_flight(c, client, (status, at_boundary), b"", Described::Portal)
                     .await?
                 {
                     Some(c) => Action::Capture(c),
@@ -574,16 +573,17 @@ impl Requests<'_> {
     }
 
     /// Leads the fill of the capture's key, or waits for the session already filling it and
-    /// answers from its entry. `None` when the request was answered.
+    /// answers from its entry. `None` when the request was answered. A pipelined request
+    /// (not `at_boundary`) never waits: its answer must keep its place behind the others.
     async fn single_flight<CW: AsyncWrite + Unpin>(
         &mut self,
         mut capture: Box<Capture>,
         client: &ClientWriter<CW>,
-        status: TransactionStatus,
+        (status, at_boundary): (TransactionStatus, bool),
         prefix: &[u8],
         described: Described<'_>,
     ) -> Result<Option<Box<Capture>>, PumpError> {
-        if !capture.query.worth_single_flight() {
+        if !at_boundary || !capture.query.worth_single_flight() {
             return Ok(Some(capture));
         }
         match self.shared.cache.flights.join(&capture.key) {
@@ -957,12 +957,12 @@ impl Requests<'_> {
             pump.syncs_since_request += 1;
         }
         let action = match capture {
-            Some(c) if at_boundary && shape.as_ref().is_some_and(|s| !s.parse) => {
+            Some(c) if shape.as_ref().is_some_and(|s| !s.parse) => {
                 let described = shape
                     .as_ref()
                     .map_or(Described::Nothing, |s| s.described(bytes));
                 match self
-                    .single_flight(c, client, status, BIND_COMPLETE, described)
+                    .single_flight(c, client, (status, at_boundary), BIND_COMPLETE, described)
                     .await?
                 {
                     Some(c) => Action::Capture(c),
@@ -1062,13 +1062,8 @@ impl Requests<'_> {
         SW: AsyncWrite + Unpin,
     {
         let action = match miss.capture {
-            // Pipelined: answers must stay in order, so it never waits for another fill.
-            Some(c) if !at_boundary => {
-                self.shared.cache.stats.missed(&c.query);
-                Action::Capture(c)
-            }
             Some(c) => match self
-                .single_flight(c, client, status, BIND_COMPLETE, described)
+                .single_flight(c, client, (status, at_boundary), BIND_COMPLETE, described)
                 .await?
             {
                 Some(c) => {

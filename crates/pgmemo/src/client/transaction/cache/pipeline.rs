@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use wire::backend::TransactionStatus;
 
 use super::request::{Kind, Statement};
-use super::{refusal, TxnCache};
+use super::TxnCache;
 use crate::client::transaction::link::ClientState;
 
 /// How a request about to be sent while attached stands towards the pipeline before it.
@@ -34,7 +34,8 @@ impl TxnCache {
 
     /// Looks at the request at the front of `buf`, about to be sent to the attached server
     /// (see the module's comment): its answer when the cache has it, which takes the request
-    /// from `buf`; `None` when it goes to the server, captured if it may be stored.
+    /// from `buf`; `None` when it goes to the server, captured if it may be stored. Asked
+    /// only while [`Self::watches_pipeline`].
     pub fn pipelined(
         &mut self,
         buf: &mut BytesMut,
@@ -42,9 +43,7 @@ impl TxnCache {
         max_message: usize,
         at: Pipelined,
     ) -> Option<Bytes> {
-        if !self.inert_so_far {
-            return None;
-        }
+        debug_assert!(self.inert_so_far, "asked only while watching the pipeline");
         if at.first {
             // The first request was looked at before the server was taken; a request
             // arriving once everything was answered was not (and is not looked at now).
@@ -70,23 +69,16 @@ impl TxnCache {
         let planned = self.plan_without_lookup(&request, &context, || {
             Self::text(&request, buf, state).map(Arc::from)
         })?;
-        let plan = Arc::clone(&planned.plan);
-        let time = planned.time_literal || request.time_word;
-        // Its effects, when the answer arrives, are the plan's.
-        self.planned = Some(planned);
-        if !(plan.read.is_ok() && plan.effects.is_empty()) {
-            return None;
-        }
-        self.inert_so_far = true;
-        if let Err(r) = refusal(&plan, self.usable(), time, &context) {
-            self.shared.cache.stats.refused_query(r, &plan.query);
-            return None;
-        }
+        self.inert_so_far = planned.plan.read.is_ok() && planned.plan.effects.is_empty();
+        let inert = self.inert_so_far;
+        let plan = self
+            .storable(&request, planned, &context)
+            .filter(|_| inert)?;
         if let Some(answer) = self.queued_answer(&request, buf, state, TransactionStatus::Idle) {
             self.consume(buf, &request, state);
             return Some(answer);
         }
-        self.make_key(&request, state)?;
+        // The lookup that missed left the request's key in `self.key`.
         let formats = request.statement_formats(buf);
         self.start_capture(&plan, None, TransactionStatus::Idle, formats, at.ahead);
         None

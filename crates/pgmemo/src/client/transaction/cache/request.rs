@@ -8,7 +8,9 @@ use bytes::{Bytes, BytesMut};
 use wire::backend::TransactionStatus;
 use wire::FrameHeader;
 
-use super::{refusal, TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
+use super::{refusal, Planned, TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
+use crate::cache::context::Context;
+use crate::cache::plan::Plan;
 use crate::cache::store::Described;
 use crate::client::cached::messages::{
     bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, short_batch,
@@ -330,18 +332,31 @@ impl TxnCache {
         else {
             return;
         };
-        let plan = Arc::clone(&planned.plan);
-        let time = planned.time_literal || request.time_word;
-        // Its effects, when the answer arrives, are the plan's.
-        self.planned = Some(planned);
-        if let Err(r) = refusal(&plan, self.usable(), time, &context) {
-            self.shared.cache.stats.refused_query(r, &plan.query);
+        let Some(plan) = self.storable(request, planned, &context) else {
             return;
-        }
+        };
         if self.make_key(request, state).is_some() {
             let formats = request.statement_formats(buf);
             self.start_capture(&plan, None, TransactionStatus::InTransaction, formats, 0);
         }
+    }
+
+    /// Keeps `planned` as the plan of the request being served (its effects count when the
+    /// answer arrives) and returns it when the result may be stored; otherwise counts why not.
+    pub(super) fn storable(
+        &mut self,
+        request: &Request,
+        planned: Planned,
+        context: &Context,
+    ) -> Option<Arc<Plan>> {
+        let plan = Arc::clone(&planned.plan);
+        let time = planned.time_literal || request.time_word;
+        self.planned = Some(planned);
+        if let Err(r) = refusal(&plan, self.usable(), time, context) {
+            self.shared.cache.stats.refused_query(r, &plan.query);
+            return None;
+        }
+        Some(plan)
     }
 
     /// A hit for `request` inside a transaction block, ending with ReadyForQuery('T'), as
