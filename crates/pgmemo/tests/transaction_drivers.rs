@@ -11,7 +11,7 @@ mod txn_support;
 
 use std::time::Duration;
 
-use pgmemo::config::Seconds;
+use pgmemo::config::{Seconds, Switch};
 use testkit::{assert_pgbench_report, output, pg_client, run_ok, sqlstate, within, LocalPostgres};
 use txn_support::{
     create_table, drop_table, lock_exclusive, msg, python, run_script, side_by_side, txn_pgmemo,
@@ -25,17 +25,20 @@ const RUN_LIMIT: Duration = Duration::from_secs(120);
 // Prepared statements at the protocol level: transcripts compared with PostgreSQL.
 
 /// Runs `steps` directly against PostgreSQL and through pgmemo (pool_size 1, so A and B share
-/// one server connection) and asserts identical answers; returns the transcript.
+/// one server connection), with the cache on and off (requests that need nothing of pgmemo
+/// take the plain path then), and asserts identical answers; returns the transcript.
 async fn same_as_postgres(steps: &[(Who, Vec<Vec<u8>>)]) -> Vec<String> {
-    let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
     let direct = run_script(LocalPostgres::PORT, steps).await;
-    let proxied = run_script(pgmemo.port(), steps).await;
-    assert!(
-        direct == proxied,
-        "answers differ:\n{}",
-        side_by_side(&direct, &proxied)
-    );
-    pgmemo.shutdown().await;
+    for cache in [Switch::On, Switch::Off] {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = cache).await;
+        let proxied = run_script(pgmemo.port(), steps).await;
+        assert!(
+            direct == proxied,
+            "answers differ (cache {cache:?}):\n{}",
+            side_by_side(&direct, &proxied)
+        );
+        pgmemo.shutdown().await;
+    }
     direct
 }
 
@@ -234,6 +237,212 @@ async fn protocol_level_name_errors_match_postgres() {
     }
 }
 
+/// Requests that need nothing of pgmemo (a Query that cannot touch the session, a batch on
+/// the unnamed statement) go to the server as they are and their answers are relayed by
+/// message type only (`client/transaction/plain.rs`): what pgmemo must still keep track of
+/// around them (whose unnamed statement the server holds, the transaction's status and
+/// settings, errors) is checked here against PostgreSQL, clients A and B sharing one server.
+#[tokio::test]
+async fn plain_requests_match_postgres() {
+    use Who::{A, B};
+    let run = |sql: &str, params: &[Option<&str>]| {
+        vec![
+            msg::parse("", sql, &[]),
+            msg::bind("", "", params),
+            msg::describe(b'P', ""),
+            msg::execute("", 0),
+            msg::sync(),
+        ]
+    };
+    let steps = vec![
+        // 0-2: a new unnamed statement, the same one again, then only Bind and Execute.
+        (A, run("SELECT $1::int + 1 AS a", &[Some("1")])),
+        (A, run("SELECT $1::int + 1 AS a", &[Some("2")])),
+        (
+            A,
+            vec![
+                msg::bind("", "", &[Some("3")]),
+                msg::describe(b'S', ""),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        ),
+        // 3-4: B replaces the server's unnamed statement; A's is restored for A.
+        (B, run("SELECT 'b' || $1::text AS b", &[Some("1")])),
+        (A, exec("", &[Some("4")])),
+        // 5-6: a simple Query drops the unnamed statement, as in PostgreSQL.
+        (A, vec![msg::query("SELECT 'q' AS q")]),
+        (A, exec("", &[Some("5")])),
+        // 7-8: the Parse succeeds, the Bind fails: the statement stays for the next Bind.
+        (A, run("SELECT $1::int * 10 AS t", &[Some("x")])),
+        (A, exec("", &[Some("6")])),
+        // 9-10: a failing plain batch and query; the session goes on.
+        (A, run("SELECT 1 / $1::int AS d", &[Some("0")])),
+        (A, vec![msg::query("SELECT 1 / 0")]),
+        (A, exec("", &[Some("1")])),
+        // 12-17: a setting made in a block is kept at a plain COMMIT and stays A's own.
+        (A, vec![msg::query("BEGIN")]),
+        (A, vec![msg::query("SET application_name = 'plain_a'")]),
+        (
+            A,
+            run("SELECT current_setting('application_name') AS n", &[]),
+        ),
+        (A, vec![msg::query("COMMIT")]),
+        (
+            B,
+            vec![msg::query(
+                "SELECT current_setting('application_name') AS n",
+            )],
+        ),
+        (
+            A,
+            vec![msg::query(
+                "SELECT current_setting('application_name') AS n",
+            )],
+        ),
+        // 18-23: a setting made in a block that fails in a plain request is dropped at the
+        // plain COMMIT (which PostgreSQL answers with ROLLBACK), also after B used the server.
+        (A, vec![msg::query("BEGIN")]),
+        (A, vec![msg::query("SET application_name = 'failed_a'")]),
+        (A, run("SELECT 1 / $1::int AS d", &[Some("0")])),
+        (A, vec![msg::query("COMMIT")]),
+        (
+            B,
+            vec![msg::query(
+                "SELECT current_setting('application_name') AS n",
+            )],
+        ),
+        (
+            A,
+            vec![msg::query(
+                "SELECT current_setting('application_name') AS n",
+            )],
+        ),
+        // 24-28: the same with a plain ROLLBACK.
+        (A, vec![msg::query("BEGIN")]),
+        (
+            A,
+            vec![msg::query("SET application_name = 'rolled_back_a'")],
+        ),
+        (A, vec![msg::query("ROLLBACK")]),
+        (
+            B,
+            vec![msg::query(
+                "SELECT current_setting('application_name') AS n",
+            )],
+        ),
+        (
+            A,
+            vec![msg::query(
+                "SELECT current_setting('application_name') AS n",
+            )],
+        ),
+        // 29-30: several statements in one plain Query; an empty one.
+        (A, vec![msg::query("SELECT 1 AS x; SELECT 2 AS y")]),
+        (A, vec![msg::query("")]),
+        // 31: a Query pipelined behind a plain batch.
+        (
+            A,
+            [
+                run("SELECT 'first' AS f", &[]),
+                vec![msg::query("SELECT 'second' AS s")],
+            ]
+            .concat(),
+        ),
+        (B, exec("", &[Some("2")])),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    let unnamed_gone = "Error ERROR 26000: unnamed prepared statement does not exist";
+    for line in [
+        " 0 A| DataRow [2]",
+        " 1 A| DataRow [3]",
+        " 2 A| DataRow [4]",
+        " 3 B| DataRow [b1]",
+        " 4 A| DataRow [5]",
+        &format!(" 6 A| {unnamed_gone}"),
+        " 7 A| Error ERROR 22P02: invalid input syntax for type integer: \"x\"",
+        " 8 A| DataRow [60]",
+        &format!("11 A| {unnamed_gone}"),
+        "16 B| DataRow []",
+        "17 A| DataRow [plain_a]",
+        "20 A| ReadyForQuery E",
+        "21 A| CommandComplete ROLLBACK",
+        "22 B| DataRow []",
+        "23 A| DataRow [plain_a]",
+        "27 B| DataRow []",
+        "28 A| DataRow [plain_a]",
+        "30 A| EmptyQueryResponse",
+        "31 A| DataRow [second]",
+        &format!("32 B| {unnamed_gone}"),
+    ] {
+        assert!(
+            transcript.iter().any(|l| l == line),
+            "{line}: {transcript:#?}"
+        );
+    }
+}
+
+/// An extended-protocol COPY FROM STDIN on the unnamed statement starts as a plain batch:
+/// the server ignores the batch's Sync until the copy ends, and pgmemo must not wait for
+/// its ReadyForQuery (nor count it for the Sync after CopyDone), or it would keep the
+/// server from the next client.
+#[tokio::test]
+async fn copy_in_on_the_unnamed_statement_with_the_cache_off() {
+    use txn_support::Raw;
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let mut transcripts = Vec::new();
+        for port in [LocalPostgres::PORT, pgmemo.port()] {
+            let table = create_table("plain_copy", "(id int)").await;
+            let mut raw = Raw::login(port).await;
+            raw.send(&[
+                msg::parse("", &format!("COPY {table} FROM STDIN"), &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                msg::sync(),
+            ])
+            .await;
+            let mut lines = Vec::new();
+            loop {
+                let (tag, body) = raw.recv().await;
+                lines.push(txn_support::describe(tag, &body));
+                if tag == b'G' {
+                    break;
+                }
+            }
+            let copy_data = |row: &str| {
+                let mut m = vec![b'd'];
+                m.extend_from_slice(&(row.len() as u32 + 4).to_be_bytes());
+                m.extend_from_slice(row.as_bytes());
+                m
+            };
+            let copy_done = vec![b'c', 0, 0, 0, 4];
+            raw.send(&[copy_data("1\n"), copy_data("2\n"), copy_done])
+                .await;
+            lines.extend(raw.exchange(&[msg::sync()]).await);
+            lines.extend(
+                raw.exchange(&[msg::query(&format!("SELECT count(*) FROM {table}"))])
+                    .await,
+            );
+            // A is owed nothing now: another client gets the one server at once.
+            let mut other = Raw::login(port).await;
+            lines.extend(other.exchange(&[msg::query("SELECT 'other' AS o")]).await);
+            drop(raw);
+            transcripts.push(lines);
+            drop_table(&table).await;
+        }
+        assert_eq!(transcripts[0], transcripts[1]);
+        for line in ["CommandComplete COPY 2", "DataRow [2]", "DataRow [other]"] {
+            assert!(
+                transcripts[1].contains(&line.to_owned()),
+                "{line}: {transcripts:#?}"
+            );
+        }
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------------
 // pgbench.
 
@@ -302,6 +511,23 @@ async fn pgbench_64_clients_over_4_servers_in_every_query_mode() {
             for pool in pgmemo.handle().shared().pools.all() {
                 assert!(pool.counts().1 <= 4, "-M {mode}: {:?}", pool.counts());
             }
+        }
+        pgmemo.shutdown().await;
+        // With the cache off, most of these requests take the plain path.
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 4, |c| {
+            c.max_client_conn = 200;
+            c.query_wait_timeout = Seconds(Duration::from_secs(60));
+            c.cache = Switch::Off;
+        })
+        .await;
+        let port = pgmemo.port().to_string();
+        for mode in ["extended", "simple"] {
+            let mut bench = pg_client("pgbench");
+            bench
+                .args(["-M", mode, "-c", "64", "-j", "2", "-T", "5", "-n"])
+                .args(["-h", "127.0.0.1", "-p", &port, "-U", USER, BENCH_DB]);
+            let out = run_ok(bench, &format!("pgbench -M {mode}, cache off"), RUN_LIMIT).await;
+            assert_pgbench_report(&out, mode);
         }
         // Every transaction was applied whole: the three balances still agree.
         let bench = LocalPostgres.client(USER, BENCH_DB).await;

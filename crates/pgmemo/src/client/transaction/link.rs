@@ -12,6 +12,7 @@ use wire::backend::TransactionStatus;
 
 use super::cache::TxnCache;
 use super::commands::{Effect, Outcome};
+use super::plain::Plain;
 use crate::cache::plan::Effects;
 use crate::hash::Map;
 use crate::pool::settings::{ClientSettings, TrackedChange};
@@ -175,6 +176,8 @@ pub struct Link<'a> {
     pub cache: Option<&'a mut TxnCache>,
     pub server: &'a mut ServerSession,
     pub queue: VecDeque<Entry>,
+    /// A plain request whose answers come before every queue entry's (see `plain`).
+    pub plain: Option<Plain>,
     /// Portals whose statement changes session state.
     pub portals: Map<Bytes, Arc<Outcome>>,
     pub txn: TxnTrack,
@@ -233,13 +236,18 @@ impl Link<'_> {
     /// Whether the server still owes answers the relay can wait for by reading it: not while
     /// a COPY wants the client's data or a batch is to be replayed (the pumps do those).
     pub fn waits_for_server(&self) -> bool {
-        !self.queue.is_empty() && !self.copy_in && self.retry.is_none()
+        !self.owes_nothing() && !self.copy_in && self.retry.is_none()
+    }
+
+    /// Every answer the server owes was delivered.
+    pub fn owes_nothing(&self) -> bool {
+        self.queue.is_empty() && self.plain.is_none()
     }
 
     /// Whether the server may go back to the pool: every answer delivered, the client between
     /// transactions and not in the middle of an extended-protocol batch.
     pub fn releasable(&self) -> bool {
-        self.queue.is_empty()
+        self.owes_nothing()
             && self.client.status == TransactionStatus::Idle
             && !self.mid_batch
             && self.retry.is_none()
@@ -263,6 +271,7 @@ impl BatchLog {
     }
 
     /// Records one message.
+    #[inline]
     pub fn push(&mut self, frame: &wire::Frame) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(frame.raw());

@@ -11,6 +11,7 @@ mod cache;
 mod commands;
 mod link;
 mod local;
+mod plain;
 mod requests;
 mod responses;
 
@@ -524,6 +525,7 @@ async fn serve_attached(
         cache,
         server: session,
         queue: std::mem::take(&mut buffers.queue),
+        plain: None,
         portals: Map::default(),
         txn: TxnTrack::default(),
         mid_batch: false,
@@ -580,7 +582,7 @@ async fn serve_attached(
         }
     };
     let mut link = link.into_inner().unwrap_or_else(|e| e.into_inner());
-    let at_boundary = link.queue.is_empty() && !link.mid_batch;
+    let at_boundary = link.owes_nothing() && !link.mid_batch;
     link.queue.clear();
     link.batch.clear();
     buffers.queue = std::mem::take(&mut link.queue);
@@ -696,6 +698,9 @@ impl Pumps<'_, '_> {
                     translated = Ok(true);
                     continue;
                 }
+                if plain::request(client_buf, &mut link, self.opts.max_message, server_out) {
+                    continue;
+                }
                 let Ok(Some(frame)) = Frame::decode(client_buf, self.opts.max_message) else {
                     break;
                 };
@@ -725,10 +730,11 @@ impl Pumps<'_, '_> {
         let mut read_first = server_buf.is_empty() && {
             let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
             link.waits_for_server()
-                && link
-                    .queue
-                    .front()
-                    .is_some_and(|e| e.expect != link::Expect::Local)
+                && (link.plain.is_some()
+                    || link
+                        .queue
+                        .front()
+                        .is_some_and(|e| e.expect != link::Expect::Local))
         };
         loop {
             if !std::mem::take(&mut read_first) {
@@ -863,6 +869,9 @@ impl Pumps<'_, '_> {
                         wake = true;
                         continue;
                     }
+                    if plain::request(buf, &mut link, self.opts.max_message, out) {
+                        continue;
+                    }
                     let frame = match Frame::decode(buf, self.opts.max_message) {
                         Ok(Some(frame)) => frame,
                         Ok(None) => break,
@@ -923,7 +932,7 @@ impl Pumps<'_, '_> {
                     self.retry.raise();
                 }
                 let idle_in_txn =
-                    link.queue.is_empty() && link.client.status != TransactionStatus::Idle;
+                    link.owes_nothing() && link.client.status != TransactionStatus::Idle;
                 (replay, idle_in_txn)
             };
             if replay {

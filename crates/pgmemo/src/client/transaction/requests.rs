@@ -174,7 +174,7 @@ fn batch_start(link: &mut Link<'_>, out: &mut BytesMut) {
 
 /// Brings the server's session settings in line with the client's (a swallowed Query), and
 /// closes statements whose plans went stale.
-fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
+pub(super) fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
     for name in std::mem::take(&mut link.server.stale) {
         Close {
             target: Target::Statement,
@@ -298,7 +298,7 @@ fn look_at_pipelined(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize
         return false;
     };
     let at = Pipelined {
-        first: link.queue.is_empty(),
+        first: link.queue.is_empty() && link.plain.is_none(),
         excluded: link.copy_in || !link.txn.pending.is_empty(),
         // The answers to pgmemo's own statements are kept from the client.
         ahead: link
@@ -317,7 +317,7 @@ fn look_at_pipelined(buf: &mut BytesMut, link: &mut Link<'_>, max_message: usize
 /// Inside a transaction block, nothing owed to the client, no batch begun, no SET pending.
 fn in_block_between_requests(link: &Link<'_>) -> bool {
     link.client.status == wire::backend::TransactionStatus::InTransaction
-        && link.queue.is_empty()
+        && link.owes_nothing()
         && !link.mid_batch
         && link.txn.pending.is_empty()
 }
@@ -329,7 +329,9 @@ fn query(
     out: &mut BytesMut,
 ) -> Result<(), WireError> {
     sync_settings(link, out);
+    // A simple Query drops the unnamed statement, the client's as the server's.
     link.server.unnamed = None;
+    link.client.unnamed = None;
     let text = frame.body().strip_suffix(b"\0");
     let plan = match text {
         Some(text) => planner(link, registry).plan(text, Protocol::Simple),

@@ -10,7 +10,8 @@ use wire::backend::{self, TransactionStatus};
 use wire::{FrameHeader, WireError};
 
 use super::commands::{Effect, Outcome};
-use super::link::{Expect, Link};
+use super::link::{Entry, Expect, Link};
+use super::plain::Plain;
 use crate::client::relay::MAX_SERVER_FRAME;
 use crate::pool::settings::{commit, set_raw_sql, SettingChange, TrackedChange};
 
@@ -45,7 +46,10 @@ pub fn process(
     let mut released = false;
     let mut need = 0;
     loop {
-        if emit_local(link, out, &buf[..at], &mut verbatim) && link.releasable() {
+        if link.plain.is_none()
+            && emit_local(link, out, &buf[..at], &mut verbatim)
+            && link.releasable()
+        {
             released = true;
             break;
         }
@@ -60,7 +64,7 @@ pub fn process(
         if header.tag == backend::tag::DATA_ROW
             && verbatim
             && link.cache.is_none()
-            && link.queue.front().is_some_and(|e| e.forward)
+            && (link.plain.is_some() || link.queue.front().is_some_and(|e| e.forward))
         {
             // Most of a result: forwarded as it is, changing nothing (the cache, when on,
             // captures rows; a swallowed answer or a rewritten stream copies them).
@@ -68,7 +72,13 @@ pub fn process(
             continue;
         }
         let frame = &buf[at..at + header.frame_len];
-        let (action, ready) = on_message(header.tag, frame, link, params);
+        let (action, ready) = match link.plain {
+            Some(plain) => (
+                Action::Forward,
+                on_plain_message(plain, header.tag, frame, link, params),
+            ),
+            None => on_message(header.tag, frame, link, params),
+        };
         if let Some(cache) = link.cache.as_deref_mut() {
             match &action {
                 Action::Forward => {
@@ -180,16 +190,9 @@ fn on_message(
             (forwarding(link), false)
         }
         backend::tag::PARAMETER_STATUS => {
-            if let Some((name, value)) = parameter(&frame[5..]) {
-                // pgmemo's own statements (settings brought in line) are its business.
-                if link.queue.front().is_none_or(|e| e.forward) {
-                    reported(link, &name, &value);
-                }
-                match params.iter_mut().find(|(k, _)| *k == name) {
-                    Some(slot) => slot.1 = value,
-                    None => params.push((name, value)),
-                }
-            }
+            // pgmemo's own statements (settings brought in line) are its business.
+            let own = link.queue.front().is_some_and(|e| !e.forward);
+            parameter_status(frame, !own, link, params);
             (forwarding(link), false)
         }
         backend::tag::ERROR_RESPONSE => {
@@ -234,6 +237,71 @@ fn on_message(
     }
 }
 
+/// Handles one answer to a plain request (see `plain`): it goes to the client as it is, and
+/// only what the general path would note for it is noted. Returns whether it was the
+/// ReadyForQuery that ends the request.
+fn on_plain_message(
+    plain: Plain,
+    tag: u8,
+    frame: &[u8],
+    link: &mut Link<'_>,
+    params: &mut Vec<(String, String)>,
+) -> bool {
+    match tag {
+        backend::tag::READY_FOR_QUERY => {
+            let status = frame
+                .get(5)
+                .and_then(|b| TransactionStatus::from_byte(*b).ok())
+                .unwrap_or(TransactionStatus::Failed);
+            link.plain = None;
+            link.client.status = status;
+            on_ready(link, status);
+            true
+        }
+        backend::tag::COMMAND_COMPLETE => {
+            completed(&frame[5..], None, link);
+            false
+        }
+        backend::tag::ERROR_RESPONSE => {
+            link.txn.failed = true;
+            false
+        }
+        backend::tag::PARAMETER_STATUS => {
+            parameter_status(frame, true, link, params);
+            false
+        }
+        backend::tag::COPY_IN_RESPONSE if plain == Plain::Batch => {
+            // The batch's Execute started a COPY FROM STDIN: from here on it is the general
+            // path's, which knows that the server ignores Syncs until the copy ends.
+            link.plain = None;
+            link.queue.push_front(Entry::forward(Expect::Execute));
+            on_answer(tag, frame, link);
+            false
+        }
+        _ => false,
+    }
+}
+
+/// A ParameterStatus: the server's parameter list follows it, and unless pgmemo's own
+/// statement caused it (`clients` false), the client's settings may too.
+fn parameter_status(
+    frame: &[u8],
+    clients: bool,
+    link: &mut Link<'_>,
+    params: &mut Vec<(String, String)>,
+) {
+    if let Some((name, value)) = parameter(&frame[5..]) {
+        if clients {
+            reported(link, &name, &value);
+        }
+        match params.iter_mut().find(|(k, _)| *k == name) {
+            Some(slot) => slot.1 = value,
+            None => params.push((name, value)),
+        }
+    }
+}
+
+#[inline(always)]
 fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
     let Some(entry) = link.queue.front_mut() else {
         return Action::Forward;
