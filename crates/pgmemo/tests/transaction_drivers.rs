@@ -11,6 +11,8 @@ mod txn_support;
 
 use std::time::Duration;
 
+use tokio_postgres::{NoTls, SimpleQueryMessage};
+
 use pgmemo::config::{Seconds, Switch};
 use testkit::{assert_pgbench_report, output, pg_client, run_ok, sqlstate, within, LocalPostgres};
 use txn_support::{
@@ -380,6 +382,77 @@ async fn plain_requests_match_postgres() {
             "{line}: {transcript:#?}"
         );
     }
+}
+
+/// A simple Query drops the client's unnamed statement also when the cache answers it, detached
+/// or inside a transaction block: a later Bind of the unnamed statement fails as it does
+/// directly.
+#[tokio::test]
+async fn a_query_answered_from_the_cache_drops_the_unnamed_statement() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let table = create_table("unnamed_hit", "(id int)").await;
+        let count = format!("SELECT count(*) AS n FROM {table}");
+        let run = vec![
+            msg::parse("", &format!("SELECT count(*) AS u FROM {table}"), &[]),
+            msg::bind("", "", &[]),
+            msg::execute("", 0),
+            msg::sync(),
+        ];
+        let steps = vec![
+            (A, run.clone()),
+            (A, vec![msg::query(&count)]),
+            (A, exec("", &[])),
+            (A, run.clone()),
+            (A, vec![msg::query(&count)]),
+            (A, exec("", &[])),
+            (A, vec![msg::query("BEGIN")]),
+            (A, run.clone()),
+            (A, vec![msg::query(&count)]),
+            (A, exec("", &[])),
+            (A, vec![msg::query("ROLLBACK")]),
+        ];
+        let direct = run_script(LocalPostgres::PORT, &steps).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = Switch::On;
+            c.cache_admission = pgmemo::config::CacheAdmission::Always;
+        })
+        .await;
+        let proxied = run_script(pgmemo.port(), &steps).await;
+        assert!(
+            direct == proxied,
+            "answers differ:\n{}",
+            side_by_side(&direct, &proxied)
+        );
+        let (admin, conn) = tokio_postgres::connect(&pgmemo.url(USER, "pgmemo"), NoTls)
+            .await
+            .expect("admin console");
+        tokio::spawn(conn);
+        let hits: u64 = admin
+            .simple_query("SHOW CACHE")
+            .await
+            .unwrap()
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) if r.get("name") == Some("hits") => {
+                    r.get("value").and_then(|v| v.parse().ok())
+                }
+                _ => None,
+            })
+            .expect("SHOW CACHE has hits");
+        assert!(
+            hits >= 2,
+            "the Query was answered from the cache {hits} times"
+        );
+        for n in [2, 5, 9] {
+            let line =
+                format!("{n:>2} A| Error ERROR 26000: unnamed prepared statement does not exist");
+            assert!(direct.contains(&line), "{line}: {direct:#?}");
+        }
+        pgmemo.shutdown().await;
+        drop_table(&table).await;
+    })
+    .await
 }
 
 /// An extended-protocol COPY FROM STDIN on the unnamed statement starts as a plain batch:

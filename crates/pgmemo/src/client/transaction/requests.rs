@@ -236,7 +236,10 @@ fn hit_in_block(frame: &Frame, link: &mut Link<'_>) -> Option<Bytes> {
         return None;
     }
     let text = frame.body().strip_suffix(b"\0")?;
-    link.cache.as_deref_mut()?.hit_in_block(text, link.client)
+    let answer = link.cache.as_deref_mut()?.hit_in_block(text, link.client)?;
+    // A simple Query drops the client's unnamed statement, answered here or by the server.
+    link.client.unnamed = None;
+    Some(answer)
 }
 
 /// Answers the extended-protocol read at the front of `buf` from the cache when the client

@@ -239,6 +239,10 @@ impl TxnCache {
                 });
             }
         }
+        if let Kind::Query = request.kind {
+            // A simple Query drops the unnamed statement, answered here or by the server.
+            state.unnamed = None;
+        }
         let _ = buf.split_to(request.len);
     }
 }
