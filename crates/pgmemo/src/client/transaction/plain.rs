@@ -198,10 +198,15 @@ fn shape(buf: &[u8], link: &Link<'_>, max_message: usize) -> Option<Shape> {
                 }
                 uses_unnamed = true;
             }
-            tag::DESCRIBE => match Describe::target_of(body).ok()? {
-                (Target::Portal, _) => {}
-                (Target::Statement, b"") => uses_unnamed = true,
-                (Target::Statement, _) => return None,
+            tag::DESCRIBE => match body {
+                // The unnamed portal and statement, told apart without a search.
+                [b'P', 0] => {}
+                [b'S', 0] => uses_unnamed = true,
+                _ => match Describe::target_of(body).ok()? {
+                    (Target::Portal, _) => {}
+                    (Target::Statement, b"") => uses_unnamed = true,
+                    (Target::Statement, _) => return None,
+                },
             },
             tag::EXECUTE => {
                 Execute::portal_of(body).ok()?;
