@@ -244,6 +244,9 @@ async fn protocol_level_name_errors_match_postgres() {
 /// message type only (`client/transaction/plain.rs`): what pgmemo must still keep track of
 /// around them (whose unnamed statement the server holds, the transaction's status and
 /// settings, errors) is checked here against PostgreSQL, clients A and B sharing one server.
+/// The session's application_name, as a column.
+const SHOW_NAME: &str = "SELECT current_setting('application_name') AS n";
+
 #[tokio::test]
 async fn plain_requests_match_postgres() {
     use Who::{A, B};
@@ -256,7 +259,7 @@ async fn plain_requests_match_postgres() {
             msg::sync(),
         ]
     };
-    let steps = vec![
+    let mut steps = vec![
         // 0-2: a new unnamed statement, the same one again, then only Bind and Execute.
         (A, run("SELECT $1::int + 1 AS a", &[Some("1")])),
         (A, run("SELECT $1::int + 1 AS a", &[Some("2")])),
@@ -285,64 +288,39 @@ async fn plain_requests_match_postgres() {
         // 12-17: a setting made in a block is kept at a plain COMMIT and stays A's own.
         (A, vec![msg::query("BEGIN")]),
         (A, vec![msg::query("SET application_name = 'plain_a'")]),
-        (
-            A,
-            run("SELECT current_setting('application_name') AS n", &[]),
-        ),
+        (A, run(SHOW_NAME, &[])),
         (A, vec![msg::query("COMMIT")]),
+        (B, vec![msg::query(SHOW_NAME)]),
+        (A, vec![msg::query(SHOW_NAME)]),
+    ];
+    // 18-23: a setting made in a block that fails in a plain request is dropped at the plain
+    // COMMIT (which PostgreSQL answers with ROLLBACK), also after B used the server; 24-29:
+    // the same with a plain ROLLBACK.
+    for (value, inside, end) in [
         (
-            B,
-            vec![msg::query(
-                "SELECT current_setting('application_name') AS n",
-            )],
+            "failed_a",
+            run("SELECT 1 / $1::int AS d", &[Some("0")]),
+            "COMMIT",
         ),
-        (
-            A,
-            vec![msg::query(
-                "SELECT current_setting('application_name') AS n",
-            )],
-        ),
-        // 18-23: a setting made in a block that fails in a plain request is dropped at the
-        // plain COMMIT (which PostgreSQL answers with ROLLBACK), also after B used the server.
-        (A, vec![msg::query("BEGIN")]),
-        (A, vec![msg::query("SET application_name = 'failed_a'")]),
-        (A, run("SELECT 1 / $1::int AS d", &[Some("0")])),
-        (A, vec![msg::query("COMMIT")]),
-        (
-            B,
-            vec![msg::query(
-                "SELECT current_setting('application_name') AS n",
-            )],
-        ),
-        (
-            A,
-            vec![msg::query(
-                "SELECT current_setting('application_name') AS n",
-            )],
-        ),
-        // 24-28: the same with a plain ROLLBACK.
-        (A, vec![msg::query("BEGIN")]),
-        (
-            A,
-            vec![msg::query("SET application_name = 'rolled_back_a'")],
-        ),
-        (A, vec![msg::query("ROLLBACK")]),
-        (
-            B,
-            vec![msg::query(
-                "SELECT current_setting('application_name') AS n",
-            )],
-        ),
-        (
-            A,
-            vec![msg::query(
-                "SELECT current_setting('application_name') AS n",
-            )],
-        ),
-        // 29-30: several statements in one plain Query; an empty one.
+        ("rolled_back_a", vec![msg::query(SHOW_NAME)], "ROLLBACK"),
+    ] {
+        steps.extend([
+            (A, vec![msg::query("BEGIN")]),
+            (
+                A,
+                vec![msg::query(&format!("SET application_name = '{value}'"))],
+            ),
+            (A, inside),
+            (A, vec![msg::query(end)]),
+            (B, vec![msg::query(SHOW_NAME)]),
+            (A, vec![msg::query(SHOW_NAME)]),
+        ]);
+    }
+    steps.extend([
+        // 30-31: several statements in one plain Query; an empty one.
         (A, vec![msg::query("SELECT 1 AS x; SELECT 2 AS y")]),
         (A, vec![msg::query("")]),
-        // 31: a Query pipelined behind a plain batch.
+        // 32: a Query pipelined behind a plain batch.
         (
             A,
             [
@@ -352,7 +330,7 @@ async fn plain_requests_match_postgres() {
             .concat(),
         ),
         (B, exec("", &[Some("2")])),
-    ];
+    ]);
     let transcript = same_as_postgres(&steps).await;
     let unnamed_gone = "Error ERROR 26000: unnamed prepared statement does not exist";
     for line in [
@@ -371,11 +349,11 @@ async fn plain_requests_match_postgres() {
         "21 A| CommandComplete ROLLBACK",
         "22 B| DataRow []",
         "23 A| DataRow [plain_a]",
-        "27 B| DataRow []",
-        "28 A| DataRow [plain_a]",
-        "30 A| EmptyQueryResponse",
-        "31 A| DataRow [second]",
-        &format!("32 B| {unnamed_gone}"),
+        "28 B| DataRow []",
+        "29 A| DataRow [plain_a]",
+        "31 A| EmptyQueryResponse",
+        "32 A| DataRow [second]",
+        &format!("33 B| {unnamed_gone}"),
     ] {
         assert!(
             transcript.iter().any(|l| l == line),
