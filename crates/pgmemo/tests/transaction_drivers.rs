@@ -362,6 +362,76 @@ async fn plain_requests_match_postgres() {
     }
 }
 
+/// Plain requests of many clients interleaved on two servers: each client's unnamed statement
+/// and settings must follow it from server to server, plain requests or not (cache off, so
+/// that most requests take the plain path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plain_requests_of_many_clients_keep_their_own_statements_and_settings() {
+    use txn_support::Raw;
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| c.cache = Switch::Off).await;
+        let port = pgmemo.port();
+        let clients = (0..16).map(|i| async move {
+            let mut raw = Raw::login(port).await;
+            raw.context = format!("client {i}");
+            // First with settings of its own (servers change hands with a settings sync, and
+            // every request after it takes the general path), then with the same settings as
+            // every other client (plain requests follow each other on a shared server).
+            for name in [format!("plain_{i}"), String::new()] {
+                let set = if name.is_empty() {
+                    msg::query("RESET application_name")
+                } else {
+                    msg::query(&format!("SET application_name = '{name}'"))
+                };
+                let answer = raw.exchange(&[set]).await;
+                assert!(
+                    answer.ends_with(&["ReadyForQuery I".to_owned()]),
+                    "{answer:?}"
+                );
+                requests_of_one_client(&mut raw, i, &name).await;
+            }
+        });
+        futures_util::future::join_all(clients).await;
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+/// 40 batches of client `i` on its unnamed statement (parsed in every fourth, the others Bind
+/// only), with a simple Query after every fourth: every answer must be its own, with
+/// application_name `name`.
+async fn requests_of_one_client(raw: &mut txn_support::Raw, i: usize, name: &str) {
+    // Each client's own text, so that another client's statement would show.
+    let sql = format!("SELECT current_setting('application_name') || ' {i} ' || $1::text");
+    for n in 0..40 {
+        let value = n.to_string();
+        let mut batch = Vec::new();
+        if n % 4 == 0 {
+            batch.push(msg::parse("", &sql, &[]));
+        }
+        batch.extend([
+            msg::bind("", "", &[Some(&value)]),
+            msg::execute("", 0),
+            msg::sync(),
+        ]);
+        let answer = raw.exchange(&batch).await;
+        let want = format!("DataRow [{name} {i} {n}]");
+        assert!(answer.contains(&want), "client {i}, {n}: {answer:?}");
+        if n % 4 == 3 {
+            // A simple Query, plain too; it drops the unnamed statement.
+            let answer = raw
+                .exchange(&[msg::query(
+                    "SELECT '<' || current_setting('application_name') || '>'",
+                )])
+                .await;
+            assert!(
+                answer.contains(&format!("DataRow [<{name}>]")),
+                "client {i}, {n}: {answer:?}"
+            );
+        }
+    }
+}
+
 /// A simple Query drops the client's unnamed statement also when the cache answers it, detached
 /// or inside a transaction block: a later Bind of the unnamed statement fails as it does
 /// directly.
