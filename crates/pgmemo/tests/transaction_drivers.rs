@@ -11,10 +11,10 @@ mod txn_support;
 
 use std::time::Duration;
 
-use tokio_postgres::{NoTls, SimpleQueryMessage};
-
 use pgmemo::config::{Seconds, Switch};
-use testkit::{assert_pgbench_report, output, pg_client, run_ok, sqlstate, within, LocalPostgres};
+use testkit::{
+    assert_pgbench_report, output, pg_client, rows, run_ok, sqlstate, within, LocalPostgres,
+};
 use txn_support::{
     create_table, drop_table, lock_exclusive, msg, python, run_script, side_by_side, txn_pgmemo,
     value, Who, DB, TEST_DEADLINE, USER,
@@ -246,6 +246,8 @@ async fn protocol_level_name_errors_match_postgres() {
 /// settings, errors) is checked here against PostgreSQL, clients A and B sharing one server.
 /// The session's application_name, as a column.
 const SHOW_NAME: &str = "SELECT current_setting('application_name') AS n";
+/// The session's work_mem, as a column.
+const SHOW_MEM: &str = "SELECT current_setting('work_mem') AS m";
 
 #[tokio::test]
 async fn plain_requests_match_postgres() {
@@ -330,6 +332,22 @@ async fn plain_requests_match_postgres() {
             .concat(),
         ),
         (B, exec("", &[Some("2")])),
+        // 34-39: an Execute alone of a portal whose statement changes a setting is not plain:
+        // the SET counts at COMMIT for A, and B does not get it (work_mem, which the server
+        // does not report, so only the portal's tracking can tell).
+        (A, vec![msg::query("BEGIN")]),
+        (
+            A,
+            vec![
+                msg::parse("set_mem", "SET work_mem = '4242kB'", &[]),
+                msg::bind("p", "set_mem", &[]),
+                msg::sync(),
+            ],
+        ),
+        (A, vec![msg::execute("p", 0), msg::sync()]),
+        (A, vec![msg::query("COMMIT")]),
+        (B, vec![msg::query(SHOW_MEM)]),
+        (A, vec![msg::query(SHOW_MEM)]),
     ]);
     let transcript = same_as_postgres(&steps).await;
     let unnamed_gone = "Error ERROR 26000: unnamed prepared statement does not exist";
@@ -354,6 +372,8 @@ async fn plain_requests_match_postgres() {
         "31 A| EmptyQueryResponse",
         "32 A| DataRow [second]",
         &format!("33 B| {unnamed_gone}"),
+        "36 A| CommandComplete SET",
+        "39 A| DataRow [4242kB]",
     ] {
         assert!(
             transcript.iter().any(|l| l == line),
@@ -472,21 +492,11 @@ async fn a_query_answered_from_the_cache_drops_the_unnamed_statement() {
             "answers differ:\n{}",
             side_by_side(&direct, &proxied)
         );
-        let (admin, conn) = tokio_postgres::connect(&pgmemo.url(USER, "pgmemo"), NoTls)
-            .await
-            .expect("admin console");
-        tokio::spawn(conn);
-        let hits: u64 = admin
-            .simple_query("SHOW CACHE")
-            .await
-            .unwrap()
-            .iter()
-            .find_map(|m| match m {
-                SimpleQueryMessage::Row(r) if r.get("name") == Some("hits") => {
-                    r.get("value").and_then(|v| v.parse().ok())
-                }
-                _ => None,
-            })
+        let admin = pgmemo.client(USER, "pgmemo").await;
+        let hits: u64 = rows(&admin.simple_query("SHOW CACHE").await.unwrap())
+            .into_iter()
+            .find(|r| r[0].as_deref() == Some("hits"))
+            .and_then(|r| r[1].as_deref()?.parse().ok())
             .expect("SHOW CACHE has hits");
         assert!(
             hits >= 2,

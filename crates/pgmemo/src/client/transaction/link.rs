@@ -233,6 +233,31 @@ impl Link<'_> {
         }
     }
 
+    /// The client's unnamed statement was parsed on this server: `new` replaces it (its
+    /// `seq` is set here), `None` parses the current one again.
+    #[inline]
+    pub fn unnamed_parsed(&mut self, new: Option<Unnamed>) {
+        self.client.parses += 1;
+        let seq = self.client.parses;
+        match new {
+            Some(u) => self.client.unnamed = Some(Unnamed { seq, ..u }),
+            None => {
+                if let Some(u) = self.client.unnamed.as_mut() {
+                    u.seq = seq;
+                }
+            }
+        }
+        self.server.unnamed = Some((self.client.tag, seq));
+    }
+
+    /// A simple Query went to the server: it drops the unnamed statement, the client's as
+    /// the server's, as PostgreSQL does.
+    #[inline]
+    pub fn query_sent(&mut self) {
+        self.server.unnamed = None;
+        self.client.unnamed = None;
+    }
+
     /// Whether the server still owes answers the relay can wait for by reading it: not while
     /// a COPY wants the client's data or a batch is to be replayed (the pumps do those).
     pub fn waits_for_server(&self) -> bool {

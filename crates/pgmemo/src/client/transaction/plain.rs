@@ -91,31 +91,16 @@ fn take_plain(
     if !link.queue.is_empty() {
         return false;
     }
-    match shape.kind {
-        Plain::Query => {
-            // A simple Query drops the unnamed statement, the client's as the server's.
-            link.server.unnamed = None;
-            link.client.unnamed = None;
-        }
-        Plain::Batch => {
-            if let Some(parse) = shape.parse {
-                let client = &mut *link.client;
-                client.parses += 1;
-                let seq = client.parses;
-                match client.unnamed.as_mut() {
-                    Some(u) if shape.same_parse => u.seq = seq,
-                    _ => {
-                        client.unnamed = Some(Unnamed {
-                            seq,
-                            parse: Bytes::copy_from_slice(&buf[parse]),
-                            outcome: None,
-                            plain: true,
-                        })
-                    }
-                }
-                link.server.unnamed = Some((client.tag, seq));
-            }
-        }
+    match (shape.kind, shape.parse) {
+        (Plain::Query, _) => link.query_sent(),
+        (Plain::Batch, Some(_)) if shape.same_parse => link.unnamed_parsed(None),
+        (Plain::Batch, Some(parse)) => link.unnamed_parsed(Some(Unnamed {
+            seq: 0,
+            parse: Bytes::copy_from_slice(&buf[parse]),
+            outcome: None,
+            plain: true,
+        })),
+        (Plain::Batch, None) => {}
     }
     out.extend_from_slice(&buf[..shape.len]);
     buf.advance(shape.len);

@@ -209,23 +209,20 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
 
 /// Sends the client's unnamed statement (`parse`) and records it as the one the client and
 /// this server now hold.
-fn unnamed_parsed(
+fn send_unnamed_parse(
     link: &mut Link<'_>,
     parse: Bytes,
     outcome: Option<Arc<Outcome>>,
     plain: bool,
     out: &mut BytesMut,
 ) {
-    link.client.parses += 1;
-    let seq = link.client.parses;
     out.extend_from_slice(&parse);
-    link.client.unnamed = Some(Unnamed {
-        seq,
+    link.unnamed_parsed(Some(Unnamed {
+        seq: 0,
         parse,
         outcome,
         plain,
-    });
-    link.server.unnamed = Some((link.client.tag, seq));
+    }));
     link.queue.push_back(Entry::forward(Expect::Parse));
 }
 
@@ -332,9 +329,7 @@ fn query(
     out: &mut BytesMut,
 ) -> Result<(), WireError> {
     sync_settings(link, out);
-    // A simple Query drops the unnamed statement, the client's as the server's.
-    link.server.unnamed = None;
-    link.client.unnamed = None;
+    link.query_sent();
     let text = frame.body().strip_suffix(b"\0");
     let plan = match text {
         Some(text) => planner(link, registry).plan(text, Protocol::Simple),
@@ -390,17 +385,14 @@ fn parse(
 ) -> Result<bool, WireError> {
     // Drivers parse the same unnamed statement again for every query: when it is the one
     // that went out last time as the client sent it, it needs no decoding or planning.
-    let client = &mut *link.client;
-    if let Some(unnamed) = client
+    if let Some(unnamed) = link
+        .client
         .unnamed
-        .as_mut()
+        .as_ref()
         .filter(|u| u.plain && u.parse[..] == *frame.raw())
     {
-        // As `unnamed_parsed` records it, without replacing the copy it already holds.
-        client.parses += 1;
-        unnamed.seq = client.parses;
         out.extend_from_slice(&unnamed.parse);
-        link.server.unnamed = Some((client.tag, unnamed.seq));
+        link.unnamed_parsed(None);
         link.queue.push_back(Entry::forward(Expect::Parse));
         return Ok(false);
     }
@@ -440,7 +432,7 @@ fn parse(
             None => Bytes::copy_from_slice(frame.raw()),
             Some(sql) => encode_parse("", sql, &msg.param_types),
         };
-        unnamed_parsed(link, parse, outcome, plain, out);
+        send_unnamed_parse(link, parse, outcome, plain, out);
         return Ok(false);
     }
     let final_sql = sql

@@ -218,10 +218,7 @@ fn on_message(
             (Action::Forward, false)
         }
         backend::tag::READY_FOR_QUERY => {
-            let status = frame
-                .get(5)
-                .and_then(|b| TransactionStatus::from_byte(*b).ok())
-                .unwrap_or(TransactionStatus::Failed);
+            let status = ready_status(frame);
             let action = match link.queue.pop_front() {
                 Some(e) if !e.forward => Action::Swallow,
                 _ => Action::Forward,
@@ -249,10 +246,7 @@ fn on_plain_message(
 ) -> bool {
     match tag {
         backend::tag::READY_FOR_QUERY => {
-            let status = frame
-                .get(5)
-                .and_then(|b| TransactionStatus::from_byte(*b).ok())
-                .unwrap_or(TransactionStatus::Failed);
+            let status = ready_status(frame);
             link.plain = None;
             link.client.status = status;
             on_ready(link, status);
@@ -280,6 +274,15 @@ fn on_plain_message(
         }
         _ => false,
     }
+}
+
+/// The transaction status a ReadyForQuery reports (Failed when it cannot be read).
+#[inline]
+fn ready_status(frame: &[u8]) -> TransactionStatus {
+    frame
+        .get(5)
+        .and_then(|b| TransactionStatus::from_byte(*b).ok())
+        .unwrap_or(TransactionStatus::Failed)
 }
 
 /// A ParameterStatus: the server's parameter list follows it, and unless pgmemo's own
