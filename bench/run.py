@@ -11,6 +11,7 @@ import argparse
 import datetime
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -271,6 +272,52 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
 
 
+def server_ticks():
+    """utime + stime of every PostgreSQL process now, by PID, in clock ticks. Backends come
+    and go; one that starts during a run counts from zero, one that ends is lost (a pool's
+    backends live through a run, a direct run's end with it: see `cpu_split`)."""
+    ticks = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        if comm == "postgres":
+            ticks[int(pid)] = int(rest[11]) + int(rest[12])
+    return ticks
+
+
+def children_cpu_s():
+    """CPU seconds (user + system) of this script's finished child processes: pgbench's, once
+    it has exited."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def machine_ticks():
+    """(busy, idle) clock ticks of all CPUs since boot, from /proc/stat (iowait counts idle)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields[:8]) - idle, idle
+
+
+def cpu_split(before, after, txns):
+    """Where the machine's CPU went per transaction (µs) between two `(server_ticks(),
+    machine_ticks())` readings: PostgreSQL's processes, all CPUs busy, all CPUs idle. On a
+    shared machine these move from run to run far more than a proxy's own CPU does, and
+    explain most of the spread in tps. None for a direct run: its backends exit before the
+    second reading."""
+    (servers0, (busy0, idle0)), (servers1, (busy1, idle1)) = before, after
+    us = 1e6 / CLK_TCK / txns
+    server = sum(t - servers0.get(pid, 0) for pid, t in servers1.items())
+    return server * us, (busy1 - busy0) * us, (idle1 - idle0) * us
+
+
 # ---------------------------------------------------------------------------------------------
 # pgbench
 
@@ -296,10 +343,14 @@ def run_pgbench(tools, port, clients, mode, duration, proxy):
     if proxy:
         proxy.check_alive()
     before = cpu_ticks(proxy.pid) if proxy else None
+    split_before = (server_ticks(), machine_ticks())
+    client_before = children_cpu_s()
     t0 = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, env=pg_env(), timeout=duration + 120)
     wall = time.monotonic() - t0
     after = cpu_ticks(proxy.pid) if proxy else None
+    split_after = (server_ticks(), machine_ticks())
+    client_s = children_cpu_s() - client_before
     out = r.stdout + r.stderr
 
     def grab(pattern):
@@ -315,6 +366,10 @@ def run_pgbench(tools, port, clients, mode, duration, proxy):
         "wall_s": wall,
         "cpu_s": None,
         "cpu_us_txn": None,
+        "server_us_txn": None,
+        "client_us_txn": None,
+        "busy_us_txn": None,
+        "idle_us_txn": None,
     }
     res["errors"], res["aborted"], res["error_samples"] = pgbench_problems(out)
     if res["ok"] and (res["tps"] is None or not res["txns"]):
@@ -325,6 +380,9 @@ def run_pgbench(tools, port, clients, mode, duration, proxy):
     if proxy and res["ok"]:
         res["cpu_s"] = (after - before) / CLK_TCK
         res["cpu_us_txn"] = res["cpu_s"] * 1e6 / res["txns"]
+        res["server_us_txn"], res["busy_us_txn"], res["idle_us_txn"] = cpu_split(
+            split_before, split_after, res["txns"])
+        res["client_us_txn"] = client_s * 1e6 / res["txns"]
     return res
 
 

@@ -187,7 +187,8 @@ def proxy_exited(proxy):
 def failed_run(error):
     res = {"ok": False, "error": error, "errors": 0, "aborted": 0, "error_samples": [],
            "clean": False}
-    for k in ("tps", "lat_ms", "txns", "failed", "cpu_s", "cpu_us_txn", "wall_s"):
+    for k in ("tps", "lat_ms", "txns", "failed", "cpu_s", "cpu_us_txn", "server_us_txn",
+              "client_us_txn", "busy_us_txn", "idle_us_txn", "wall_s"):
         res[k] = None
     return res
 
@@ -228,6 +229,10 @@ def log_run(progress, rnd, clients, mode, target, res):
         log(f"{head}: skipped ({res['skipped']})")
     elif res["clean"]:
         cpu = f", {res['cpu_us_txn']:.1f} µs CPU/txn" if res["cpu_us_txn"] is not None else ""
+        if res.get("server_us_txn") is not None:
+            cpu += (f" (PostgreSQL {res['server_us_txn']:.1f}, pgbench "
+                    f"{res['client_us_txn']:.1f}, machine busy "
+                    f"{res['busy_us_txn']:.1f}, idle {res['idle_us_txn']:.1f})")
         log(f"{head}: {res['tps']:,.0f} tps, {res['lat_ms']:.3f} ms{cpu}")
     else:
         tps = f" ({res['tps']:,.0f} tps from the clients left)" if res.get("tps") else ""
@@ -333,6 +338,31 @@ def md_escape(text):
     return str(text).replace("|", "\\|").replace("\n", " / ")
 
 
+def cpu_section(rows, runs, proxies):
+    """Where the CPU went per transaction, medians over clean runs: the proxy's own, all of
+    PostgreSQL's processes, pgbench's, and the whole machine busy. tps moves with the machine's busy time
+    per transaction, and on a shared machine most of its spread is PostgreSQL's, not the
+    proxy's: this table tells the two apart."""
+    if not proxies:
+        return []
+    lines = ["## CPU per transaction", "",
+             "µs per transaction, medians over the clean runs: proxy / PostgreSQL (all its "
+             "processes) / pgbench / machine busy (all CPUs, every process).", "",
+             "| mode | clients | " + " | ".join(proxies) + " |",
+             "|---|---:|" + "---:|" * len(proxies)]
+    for r in rows:
+        cells = []
+        for t in proxies:
+            ok = [run["res"] for run in runs
+                  if (run["mode"], run["clients"], run["target"]) == (r["mode"], r["clients"], t)
+                  and run["res"].get("clean")]
+            parts = [med([x[k] for x in ok if x.get(k) is not None] or [None])
+                     for k in ("cpu_us_txn", "server_us_txn", "client_us_txn", "busy_us_txn")]
+            cells.append(" / ".join(fmt(v, ".1f") for v in parts))
+        lines.append(f"| {r['mode']} | {r['clients']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def build_report(meta, targets, summary, runs):
     lines = [f"# pgmemo transaction-pooling benchmark, {meta['when']}", ""]
     lines += [f"- {k}: {v}" for k, v in meta["info"].items()]
@@ -356,6 +386,7 @@ def build_report(meta, targets, summary, runs):
                      + " | ".join(md_escape(r["cells"][t]["display"]) for t in shown)
                      + f" | {fmt(r['pgmemo_over_pgbouncer'], '.3f')} | {fmt(r['pgmemo_over_direct'], '.3f')} |")
     lines.append("")
+    lines += cpu_section(summary["rows"], runs, [t for t in ("pgmemo", "pgbouncer") if t in shown])
     if summary["prepared_vs_extended"] and "pgmemo" in targets:
         lines += ["## pgmemo: prepared against extended", "",
                   "| clients | extended tps | prepared tps | prepared / extended |",
@@ -372,8 +403,9 @@ def build_report(meta, targets, summary, runs):
     lines += [f"| {b['bar']} | {b['measured']} | {b['needed']} | {b['result']} |" for b in summary["bars"]]
     lines += ["", "## Runs", "",
               "| round | mode | clients | target | tps | latency ms | txns | failed txns | errors "
-              "| aborted clients | proxy CPU µs/txn | note |",
-              "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| aborted clients | proxy CPU µs/txn | PostgreSQL CPU µs/txn | pgbench CPU µs/txn | machine busy µs/txn "
+              "| machine idle µs/txn | note |",
+              "|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for run in runs:
         r = run["res"]
         if r.get("skipped"):
@@ -384,7 +416,10 @@ def build_report(meta, targets, summary, runs):
                      f"| {fmt(r.get('tps'), ',.0f')} | {fmt(r.get('lat_ms'), '.3f')} "
                      f"| {fmt(r.get('txns'), '.0f')} | {fmt(r.get('failed'), '.0f')} "
                      f"| {r.get('errors', 0)} | {r.get('aborted', 0)} "
-                     f"| {fmt(r.get('cpu_us_txn'), '.1f')} | {md_escape(note)} |")
+                     f"| {fmt(r.get('cpu_us_txn'), '.1f')} | {fmt(r.get('server_us_txn'), '.1f')} "
+                     f"| {fmt(r.get('client_us_txn'), '.1f')} "
+                     f"| {fmt(r.get('busy_us_txn'), '.1f')} | {fmt(r.get('idle_us_txn'), '.1f')} "
+                     f"| {md_escape(note)} |")
     lines.append("")
     return "\n".join(lines)
 
