@@ -249,6 +249,54 @@ const SHOW_NAME: &str = "SELECT current_setting('application_name') AS n";
 /// The session's work_mem, as a column.
 const SHOW_MEM: &str = "SELECT current_setting('work_mem') AS m";
 
+/// pgmemo's own simple queries on a pooled server drop its unnamed statement, as any simple
+/// Query does: the health check of a server idle longer than `server_check_delay` (0 here:
+/// every checkout) and the admin console's superuser check. A client's Bind of its unnamed
+/// statement afterwards runs as on PostgreSQL (pgmemo parses it there again first); it got
+/// 26000 when pgmemo took the statement for still there.
+#[tokio::test]
+async fn the_unnamed_statement_outlives_pgmemos_own_queries_on_its_server() {
+    use txn_support::Raw;
+    within(TEST_DEADLINE, async {
+        let run = vec![
+            msg::parse("", "SELECT $1::int + 1 AS a", &[]),
+            msg::bind("", "", &[Some("1")]),
+            msg::execute("", 0),
+            msg::sync(),
+        ];
+        let mut direct = Raw::login(LocalPostgres::PORT).await;
+        let mut expected = direct.exchange(&run).await;
+        expected.extend(direct.exchange(&exec("", &[Some("2")])).await);
+        expected.extend(direct.exchange(&exec("", &[Some("3")])).await);
+        assert!(
+            !expected.iter().any(|l| l.contains("Error")),
+            "{expected:?}"
+        );
+        for cache in [Switch::On, Switch::Off] {
+            let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+                c.cache = cache;
+                c.server_check_delay = Seconds(Duration::ZERO);
+            })
+            .await;
+            let mut a = Raw::login(pgmemo.port()).await;
+            let mut got = a.exchange(&run).await;
+            // The health check ran at this checkout.
+            got.extend(a.exchange(&exec("", &[Some("2")])).await);
+            // The superuser check ran on the one server of the pool.
+            let admin = pgmemo.client(USER, "pgmemo").await;
+            admin.simple_query("SHOW POOLS").await.unwrap();
+            got.extend(a.exchange(&exec("", &[Some("3")])).await);
+            assert!(
+                got == expected,
+                "cache {cache:?}:\n{}",
+                side_by_side(&expected, &got)
+            );
+            pgmemo.shutdown().await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn plain_requests_match_postgres() {
     use Who::{A, B};

@@ -353,6 +353,10 @@ impl ServerConn {
         sql: &str,
         keep_rows: bool,
     ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        // A simple Query drops the server's unnamed statement, whoever sends it (a health
+        // check, the admin console's superuser check, the cache's catalog lookups): a client
+        // whose unnamed statement transaction pooling believed still there would get 26000.
+        self.session.unnamed = None;
         self.send(&frontend::query(sql)).await?;
         let mut rows = Vec::new();
         let mut error = None;

@@ -160,7 +160,6 @@ impl Catalog for ServerCatalog<'_> {
     type Error = ServerError;
 
     async fn ask(&mut self, sql: &str) -> Result<Option<Vec<Row>>, ServerError> {
-        self.0.session.unnamed = None;
         match self.0.query_text_rows(sql).await {
             Ok(rows) => Ok(Some(rows)),
             Err(ServerError::Server(_)) => Ok(None),
@@ -469,7 +468,6 @@ impl TxnCache {
         server: &mut ServerConn,
         state: &ClientState,
     ) -> Result<(), ServerError> {
-        server.session.unnamed = None;
         if let Some(sql) = sync_sql(&state.settings, &mut server.session.settings) {
             if let Err(e) = server.simple_query(&sql).await {
                 server.session.settings.unknown = true;
