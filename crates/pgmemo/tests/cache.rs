@@ -592,6 +592,13 @@ async fn concurrent_misses_on_one_key_run_once() {
 }
 
 #[tokio::test]
+async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill() {
+    let (pg, memo, direct) = setup().await;
+    cache_support::a_pipelined_miss_does_not_wait_for_another_sessions_fill(&memo, &pg, &direct)
+        .await;
+}
+
+#[tokio::test]
 async fn a_read_that_raced_with_a_committed_write_is_not_stored() {
     let (pg, memo, direct) = setup().await;
     pg.psql(SLOW).await;

@@ -291,6 +291,61 @@ async fn concurrent_misses_on_one_key_run_once() {
     .await;
 }
 
+#[tokio::test]
+async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill() {
+    within(DEADLINE, async {
+        let (pg, memo, direct) = setup(4).await;
+        cache_support::a_pipelined_miss_does_not_wait_for_another_sessions_fill(
+            &memo, &pg, &direct,
+        )
+        .await;
+    })
+    .await;
+}
+
+/// A Bind of the client's unnamed statement pipelined without a Parse in its batch is
+/// forwarded (docs/cache.md): a Parse failing in flight before it would have left no unnamed
+/// statement on the server. At a boundary the same batch is answered from the cache; behind
+/// another request the hit counter does not move, and the server's answer is the same.
+#[tokio::test]
+async fn a_pipelined_bind_of_the_unnamed_statement_is_forwarded() {
+    use raw::*;
+    within(DEADLINE, async {
+        let (_pg, memo, _direct) = setup(2).await;
+        let mut c = Raw::connect(memo.addr()).await;
+        let text = "SELECT v FROM t WHERE id = $1";
+        let run = |id: &str| [parse(text, &[23]), bind(&[id]), execute(), sync()].concat();
+        let exec = |id: &str| [bind(&[id]), execute(), sync()].concat();
+        let answer = |v: &str| (vec!['1', '2', 'D', 'C', 'Z'], vec![v.to_owned()]);
+        // Stored from its second miss, then served: whole batches and a Bind-only one.
+        for _ in 0..3 {
+            assert_eq!(c.round_trip(&[run("2")]).await, answer("two"));
+        }
+        let hits = show_cache(&memo, "hits").await;
+        assert!(hits >= 1, "the third run was served");
+        let bound = (vec!['2', 'D', 'C', 'Z'], vec!["two".to_owned()]);
+        assert_eq!(c.round_trip(&[exec("2")]).await, bound);
+        assert_eq!(
+            show_cache(&memo, "hits").await,
+            hits + 1,
+            "a Bind-only batch at a boundary is served"
+        );
+        // Behind a miss (the same statement with a value never read) it is forwarded.
+        assert_eq!(
+            c.round_trip(&[run("1"), exec("2")]).await,
+            answer("one"),
+            "the miss in front"
+        );
+        assert_eq!(c.round_trip(&[]).await, bound, "the pipelined Bind");
+        assert_eq!(
+            show_cache(&memo, "hits").await,
+            hits + 1,
+            "the pipelined Bind went to the server"
+        );
+    })
+    .await;
+}
+
 /// 12 clients over 3 server connections read and write the same rows for 10 s
 /// ([`cache_support::reads_never_stale`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

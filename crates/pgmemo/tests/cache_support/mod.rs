@@ -846,3 +846,95 @@ pub async fn row_limited_and_unkeyed_executions_are_refused(
         );
     }
 }
+
+/// A slow cacheable read: `slow(x)` is declared IMMUTABLE and sleeps 0.6 s. Creates it.
+pub async fn create_slow_function(pg: &TempPostgres) {
+    pg.psql(
+        "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_sleep(0.6); RETURN x; END $$;",
+    )
+    .await;
+}
+
+/// A miss pipelined behind another request never waits for another session's fill of the
+/// same key (docs/cache.md): its answer must keep its place, so it runs on the server itself.
+/// A request at a boundary does wait (the control, counted in `flight_waits`).
+pub async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill(
+    memo: &PgmemoInstance,
+    pg: &TempPostgres,
+    direct: &Client,
+) {
+    use crate::raw::*;
+    create_slow_function(pg).await;
+    // The shape is planned (and its cost learnt) at a boundary first: a pipelined statement
+    // of a shape never planned is forwarded whatever the flights.
+    let warm = memo.client("postgres", "postgres").await;
+    first(&warm, "SELECT v, slow(2) FROM t WHERE id = 1").await;
+    // Each session learns its context first (transaction pooling reads it on a server once),
+    // so that its read below is looked up before it takes a server.
+    let filling = |n: u32| async move {
+        let c = memo.client("postgres", "postgres").await;
+        first(&c, "SELECT 1").await;
+        (c, format!("SELECT v, slow({n}) FROM t WHERE id = 1"))
+    };
+    let running = |n: u32| {
+        format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query LIKE '%slow({n}) FROM t%' AND pid <> pg_backend_pid()"
+        )
+    };
+    let mut late = Raw::connect(memo.addr()).await;
+    late.round_trip(&[query("SELECT 1")]).await;
+    let waits = show_cache(memo, "flight_waits").await;
+
+    // Control: a second session asking at a boundary while the first fills waits for it.
+    let (a, q) = filling(3).await;
+    let fill = tokio::spawn(async move { first(&a, &q).await });
+    let sql = running(3);
+    testkit::assert_eventually(Duration::from_secs(10), "the fill runs", || async {
+        first(direct, &sql).await.as_deref() == Some("1")
+    })
+    .await;
+    let (tags, values) = late
+        .round_trip(&[query("SELECT v, slow(3) FROM t WHERE id = 1")])
+        .await;
+    assert_eq!(
+        (tags, values),
+        (vec!['T', 'D', 'C', 'Z'], vec!["one".into(), "3".into()])
+    );
+    assert_eq!(fill.await.unwrap().as_deref(), Some("one"));
+    assert_eq!(
+        show_cache(memo, "flight_waits").await,
+        waits + 1,
+        "a request at a boundary waits for the fill"
+    );
+
+    // The same behind another read in one write: forwarded, never waiting.
+    let (a, q) = filling(4).await;
+    let fill = tokio::spawn(async move { first(&a, &q).await });
+    let sql = running(4);
+    testkit::assert_eventually(Duration::from_secs(10), "the fill runs", || async {
+        first(direct, &sql).await.as_deref() == Some("1")
+    })
+    .await;
+    let pipeline = [
+        query("SELECT v FROM t WHERE id = 2"),
+        query("SELECT v, slow(4) FROM t WHERE id = 1"),
+    ];
+    let (tags, values) = late.round_trip(&pipeline).await;
+    assert_eq!(
+        (tags, values),
+        (vec!['T', 'D', 'C', 'Z'], vec!["two".into()])
+    );
+    let (tags, values) = late.round_trip(&[]).await;
+    assert_eq!(
+        (tags, values),
+        (vec!['T', 'D', 'C', 'Z'], vec!["one".into(), "4".into()])
+    );
+    assert_eq!(fill.await.unwrap().as_deref(), Some("one"));
+    assert_eq!(
+        show_cache(memo, "flight_waits").await,
+        waits + 1,
+        "the pipelined miss did not wait"
+    );
+}
