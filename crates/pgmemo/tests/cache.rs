@@ -561,14 +561,10 @@ async fn oversized_results_cursors_and_row_limited_portals_are_not_cached() {
     cache_support::row_limited_and_unkeyed_executions_are_refused(&memo, &mut c, &direct).await;
 }
 
-/// An IMMUTABLE (by declaration) function that takes a while: a slow cacheable read.
-const SLOW: &str = "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
-    $$ BEGIN PERFORM pg_sleep(0.6); RETURN x; END $$;";
-
 #[tokio::test]
 async fn concurrent_misses_on_one_key_run_once() {
     let (pg, memo, _direct) = setup().await;
-    pg.psql(SLOW).await;
+    cache_support::create_slow_function(&pg).await;
     let q = "SELECT v, slow(1) FROM t WHERE id = 1";
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -601,7 +597,7 @@ async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill() {
 #[tokio::test]
 async fn a_read_that_raced_with_a_committed_write_is_not_stored() {
     let (pg, memo, direct) = setup().await;
-    pg.psql(SLOW).await;
+    cache_support::create_slow_function(&pg).await;
     // slow(id), not slow(1): a constant argument would be folded while planning, before the
     // read's snapshot is taken.
     let q = "SELECT v || slow(id) FROM t WHERE id = 1";

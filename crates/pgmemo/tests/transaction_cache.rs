@@ -257,11 +257,7 @@ async fn uncacheable_reads_are_refused() {
 async fn concurrent_misses_on_one_key_run_once() {
     within(DEADLINE, async {
         let (pg, memo, _direct) = setup(4).await;
-        pg.psql(
-            "CREATE FUNCTION slow(x int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS
-             $$ BEGIN PERFORM pg_sleep(0.6); RETURN x; END $$;",
-        )
-        .await;
+        cache_support::create_slow_function(&pg).await;
         let q = "SELECT v, slow(1) FROM t WHERE id = 1";
         // The first run plans the statement (and learns the context); the concurrent ones
         // after it have everything they need before taking a server.

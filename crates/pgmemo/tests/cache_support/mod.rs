@@ -859,6 +859,8 @@ pub async fn create_slow_function(pg: &TempPostgres) {
 /// A miss pipelined behind another request never waits for another session's fill of the
 /// same key (docs/cache.md): its answer must keep its place, so it runs on the server itself.
 /// A request at a boundary does wait (the control, counted in `flight_waits`).
+// `start_fill` returns the fill's task handle on purpose: it is awaited after the reads.
+#[allow(clippy::async_yields_async)]
 pub async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill(
     memo: &PgmemoInstance,
     pg: &TempPostgres,
@@ -870,38 +872,37 @@ pub async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill(
     // of a shape never planned is forwarded whatever the flights.
     let warm = memo.client("postgres", "postgres").await;
     first(&warm, "SELECT v, slow(2) FROM t WHERE id = 1").await;
-    // Each session learns its context first (transaction pooling reads it on a server once),
-    // so that its read below is looked up before it takes a server.
-    let filling = |n: u32| async move {
+    // A session that learnt its context first (transaction pooling reads it on a server once,
+    // so that its read is looked up before it takes a server) starts filling the key of
+    // `slow(n)`; returns once its read runs on the server.
+    let start_fill = |n: u32| async move {
         let c = memo.client("postgres", "postgres").await;
         first(&c, "SELECT 1").await;
-        (c, format!("SELECT v, slow({n}) FROM t WHERE id = 1"))
-    };
-    let running = |n: u32| {
-        format!(
+        let fill = tokio::spawn(async move {
+            first(&c, &format!("SELECT v, slow({n}) FROM t WHERE id = 1")).await
+        });
+        let running = format!(
             "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
              AND query LIKE '%slow({n}) FROM t%' AND pid <> pg_backend_pid()"
-        )
+        );
+        testkit::assert_eventually(Duration::from_secs(10), "the fill runs", || async {
+            first(direct, &running).await.as_deref() == Some("1")
+        })
+        .await;
+        fill
     };
     let mut late = Raw::connect(memo.addr()).await;
     late.round_trip(&[query("SELECT 1")]).await;
     let waits = show_cache(memo, "flight_waits").await;
 
     // Control: a second session asking at a boundary while the first fills waits for it.
-    let (a, q) = filling(3).await;
-    let fill = tokio::spawn(async move { first(&a, &q).await });
-    let sql = running(3);
-    testkit::assert_eventually(Duration::from_secs(10), "the fill runs", || async {
-        first(direct, &sql).await.as_deref() == Some("1")
-    })
-    .await;
-    let (tags, values) = late
-        .round_trip(&[query("SELECT v, slow(3) FROM t WHERE id = 1")])
-        .await;
-    assert_eq!(
-        (tags, values),
-        (vec!['T', 'D', 'C', 'Z'], vec!["one".into(), "3".into()])
-    );
+    let fill = start_fill(3).await;
+    let slow_read = |n: u32| query(&format!("SELECT v, slow({n}) FROM t WHERE id = 1"));
+    let rows = |v: &[&str]| {
+        let values = v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        (vec!['T', 'D', 'C', 'Z'], values)
+    };
+    assert_eq!(late.round_trip(&[slow_read(3)]).await, rows(&["one", "3"]));
     assert_eq!(fill.await.unwrap().as_deref(), Some("one"));
     assert_eq!(
         show_cache(memo, "flight_waits").await,
@@ -910,27 +911,10 @@ pub async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill(
     );
 
     // The same behind another read in one write: forwarded, never waiting.
-    let (a, q) = filling(4).await;
-    let fill = tokio::spawn(async move { first(&a, &q).await });
-    let sql = running(4);
-    testkit::assert_eventually(Duration::from_secs(10), "the fill runs", || async {
-        first(direct, &sql).await.as_deref() == Some("1")
-    })
-    .await;
-    let pipeline = [
-        query("SELECT v FROM t WHERE id = 2"),
-        query("SELECT v, slow(4) FROM t WHERE id = 1"),
-    ];
-    let (tags, values) = late.round_trip(&pipeline).await;
-    assert_eq!(
-        (tags, values),
-        (vec!['T', 'D', 'C', 'Z'], vec!["two".into()])
-    );
-    let (tags, values) = late.round_trip(&[]).await;
-    assert_eq!(
-        (tags, values),
-        (vec!['T', 'D', 'C', 'Z'], vec!["one".into(), "4".into()])
-    );
+    let fill = start_fill(4).await;
+    let pipeline = [query("SELECT v FROM t WHERE id = 2"), slow_read(4)];
+    assert_eq!(late.round_trip(&pipeline).await, rows(&["two"]));
+    assert_eq!(late.round_trip(&[]).await, rows(&["one", "4"]));
     assert_eq!(fill.await.unwrap().as_deref(), Some("one"));
     assert_eq!(
         show_cache(memo, "flight_waits").await,
