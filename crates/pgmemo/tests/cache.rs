@@ -588,6 +588,12 @@ async fn concurrent_misses_on_one_key_run_once() {
 }
 
 #[tokio::test]
+async fn a_commit_that_chains_invalidates_at_once() {
+    let (_pg, memo, direct) = setup().await;
+    cache_support::a_commit_that_chains_invalidates_at_once(&memo, &direct).await;
+}
+
+#[tokio::test]
 async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill() {
     let (pg, memo, direct) = setup().await;
     cache_support::a_pipelined_miss_does_not_wait_for_another_sessions_fill(&memo, &pg, &direct)

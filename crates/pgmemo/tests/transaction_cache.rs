@@ -288,6 +288,15 @@ async fn concurrent_misses_on_one_key_run_once() {
 }
 
 #[tokio::test]
+async fn a_commit_that_chains_invalidates_at_once() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = setup(2).await;
+        cache_support::a_commit_that_chains_invalidates_at_once(&memo, &direct).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill() {
     within(DEADLINE, async {
         let (pg, memo, direct) = setup(4).await;

@@ -922,3 +922,67 @@ pub async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill(
         "the pipelined miss did not wait"
     );
 }
+
+/// A COMMIT that leaves the session in a transaction (`COMMIT AND CHAIN`, or more statements
+/// after it in the same Query) makes its writes visible to everyone: results depending on
+/// them go at that COMMIT, not when the session is next idle, and a ROLLBACK of the chained
+/// transaction does not undo that.
+pub async fn a_commit_that_chains_invalidates_at_once(memo: &PgmemoInstance, direct: &Client) {
+    let reader = memo.client("postgres", "postgres").await;
+    let writer = memo.client("postgres", "postgres").await;
+    let read = |id: u32| format!("SELECT v FROM t WHERE id = {id}");
+    let cached = |id: u32| {
+        let (reader, read) = (&reader, read(id));
+        async move {
+            let h = show_cache(memo, "hits").await;
+            for _ in 0..3 {
+                first(reader, &read).await;
+            }
+            assert!(show_cache(memo, "hits").await > h, "{read} is served");
+        }
+    };
+    let fresh = |id: u32| {
+        let (reader, read) = (&reader, read(id));
+        async move {
+            assert_eq!(
+                first(reader, &read).await,
+                first(direct, &read).await,
+                "{read}"
+            );
+        }
+    };
+    cached(1).await;
+    writer
+        .batch_execute("BEGIN; UPDATE t SET v = 'chained' WHERE id = 1; COMMIT AND CHAIN")
+        .await
+        .unwrap();
+    fresh(1).await;
+    writer.batch_execute("ROLLBACK").await.unwrap();
+    fresh(1).await;
+    // COMMIT, then a new block, in one Query.
+    cached(2).await;
+    writer
+        .batch_execute("BEGIN; UPDATE t SET v = 'next' WHERE id = 2; COMMIT; BEGIN")
+        .await
+        .unwrap();
+    fresh(2).await;
+    writer.batch_execute("ROLLBACK").await.unwrap();
+    fresh(2).await;
+    // AND CHAIN keeps REPEATABLE READ: what the chained transaction reads from its snapshot
+    // is never stored (here, after another session's write through pgmemo).
+    writer
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; COMMIT AND CHAIN")
+        .await
+        .unwrap();
+    assert_eq!(first(&writer, &read(1)).await.as_deref(), Some("chained"));
+    let other = memo.client("postgres", "postgres").await;
+    other
+        .batch_execute("UPDATE t SET v = 'after' WHERE id = 1")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(first(&writer, &read(1)).await.as_deref(), Some("chained"));
+    }
+    writer.batch_execute("COMMIT").await.unwrap();
+    fresh(1).await;
+}

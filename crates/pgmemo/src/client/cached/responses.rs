@@ -30,6 +30,10 @@ struct InFlight {
     swallowed: bool,
     /// The client's ParseCompletes seen so far.
     parsed: usize,
+    /// A COMMIT completed in this response: its writes are visible to everyone even when
+    /// the session is still in a transaction at the end (`COMMIT AND CHAIN`, or more
+    /// statements after it in the same Query).
+    committed: bool,
 }
 
 /// Runs the server pump until the server closes or fails.
@@ -170,6 +174,7 @@ where
                         }
                     }
                     b'S' => link.context_stale.store(true, Ordering::Relaxed),
+                    b'C' if &frame[5..] == b"COMMIT\0" => flight.committed = true,
                     b'Z' if len == 6 => {
                         // Directives made for this request after its response had begun (its
                         // Sync came after a Flush-driven answer started) join the one in use.
@@ -315,6 +320,8 @@ fn finish(
     let Some(d) = flight.directive.take() else {
         if status == TransactionStatus::Idle {
             end_transaction(txn, link, shared, db);
+        } else if flight.committed {
+            commit_within(txn, (false, false), link, shared, db);
         }
         return;
     };
@@ -330,6 +337,10 @@ fn finish(
     }
     if status == TransactionStatus::Idle {
         end_transaction(txn, link, shared, db);
+    } else if flight.committed {
+        // Which of the response's writes came after the COMMIT is not known: all of them
+        // go now, and any of them may belong to the transaction still open.
+        commit_within(txn, (e.writes_data(), e.snapshot), link, shared, db);
     } else {
         if e.writes_data() {
             link.txn_wrote.store(true, Ordering::Relaxed);
@@ -338,6 +349,23 @@ fn finish(
             link.txn_snapshot.store(true, Ordering::Relaxed);
         }
     }
+}
+
+/// A COMMIT completed but the session is in a transaction again: the committed writes go as
+/// at the end of a transaction. What the response says of the new one (`wrote`: it may have
+/// written; `snapshot`: a `BEGIN` in it asked for REPEATABLE READ or SERIALIZABLE) is
+/// added to what held for the old one, which `AND CHAIN` keeps (its isolation level).
+fn commit_within(
+    txn: &mut Effects,
+    (wrote, snapshot): (bool, bool),
+    link: &Link,
+    shared: &Shared,
+    db: &DatabaseCache,
+) {
+    let snapshot = snapshot || link.txn_snapshot.load(Ordering::Relaxed);
+    end_transaction(txn, link, shared, db);
+    link.txn_snapshot.store(snapshot, Ordering::Relaxed);
+    link.txn_wrote.store(wrote, Ordering::Relaxed);
 }
 
 /// The transaction is over (committed, or rolled back with `txn` already emptied): its writes

@@ -250,12 +250,17 @@ impl TxnCache {
 
     /// A COMMIT (or the end of an autocommit statement): the transaction's writes are
     /// visible to everyone, so results depending on them go, before the client learns of it.
+    ///
+    /// The session may be in a transaction again at once (`COMMIT AND CHAIN`, or a `BEGIN`
+    /// after the COMMIT in the same Query): a chained one keeps the isolation level, so
+    /// whether it runs under a snapshot stays until ReadyForQuery says Idle.
     pub fn committed(&mut self) {
         self.rollback_seen = false;
         if self.txn.is_empty() {
             return;
         }
         let e = std::mem::take(&mut self.txn);
+        self.txn.snapshot = e.snapshot;
         if crate::invalidate::proxy::apply_commit(&e, &self.shared, &self.db) {
             self.await_feed = true;
         }
@@ -272,11 +277,10 @@ impl TxnCache {
     /// from one, such as `INSERT ...; ROLLBACK` in one Query) committed.
     pub fn ready(&mut self, status: TransactionStatus) {
         if status == TransactionStatus::Idle {
-            if self.rollback_seen && self.in_block {
-                self.txn = Effects::default();
-            } else {
+            if !(self.rollback_seen && self.in_block) {
                 self.committed();
             }
+            self.txn = Effects::default();
         }
         self.in_block = status != TransactionStatus::Idle;
         self.rollback_seen = false;
