@@ -588,6 +588,13 @@ async fn concurrent_misses_on_one_key_run_once() {
 }
 
 #[tokio::test]
+async fn hidden_and_indirect_writes_invalidate_what_they_change() {
+    let (pg, memo, direct) = setup().await;
+    cache_support::hidden_and_indirect_writes_invalidate_what_they_change(&memo, &pg, &direct)
+        .await;
+}
+
+#[tokio::test]
 async fn a_commit_that_chains_invalidates_at_once() {
     let (_pg, memo, direct) = setup().await;
     cache_support::a_commit_that_chains_invalidates_at_once(&memo, &direct).await;

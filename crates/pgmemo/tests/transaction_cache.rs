@@ -288,6 +288,16 @@ async fn concurrent_misses_on_one_key_run_once() {
 }
 
 #[tokio::test]
+async fn hidden_and_indirect_writes_invalidate_what_they_change() {
+    within(DEADLINE, async {
+        let (pg, memo, direct) = setup(2).await;
+        cache_support::hidden_and_indirect_writes_invalidate_what_they_change(&memo, &pg, &direct)
+            .await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_commit_that_chains_invalidates_at_once() {
     within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;

@@ -986,3 +986,113 @@ pub async fn a_commit_that_chains_invalidates_at_once(memo: &PgmemoInstance, dir
     writer.batch_execute("COMMIT").await.unwrap();
     fresh(1).await;
 }
+
+/// Writes through pgmemo that reach tables other than the ones they name, without a
+/// replication feed (docs/cache.md, "what a write invalidates"): a trigger or a rule on the
+/// table written, a foreign-key cascade, a partition or inheritance child of the table read,
+/// the base table of a view, and writes hidden in `DO`, `CALL`, SQL `EXECUTE` and a volatile
+/// function. Each read is served from the cache first; after the write it is fresh.
+pub async fn hidden_and_indirect_writes_invalidate_what_they_change(
+    memo: &PgmemoInstance,
+    pg: &TempPostgres,
+    direct: &Client,
+) {
+    pg.psql(
+        "CREATE TABLE a (id int PRIMARY KEY);
+         CREATE TABLE b (id int PRIMARY KEY, n int);
+         INSERT INTO b VALUES (1, 0);
+         CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN UPDATE b SET n = n + 1; RETURN NEW; END $$;
+         CREATE TRIGGER a_bumps_b AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION bump();
+         CREATE TABLE r1 (id int);
+         CREATE TABLE r2 (n int);
+         INSERT INTO r2 VALUES (0);
+         CREATE RULE r1_bumps_r2 AS ON INSERT TO r1 DO ALSO UPDATE r2 SET n = n + 1;
+         CREATE TABLE parent (id int PRIMARY KEY);
+         CREATE TABLE child (id int, pid int REFERENCES parent ON DELETE CASCADE);
+         INSERT INTO parent VALUES (1), (2);
+         INSERT INTO child VALUES (1, 1), (2, 2);
+         CREATE TABLE pt (id int, v text) PARTITION BY RANGE (id);
+         CREATE TABLE pt1 PARTITION OF pt FOR VALUES FROM (0) TO (100);
+         CREATE TABLE ip (id int);
+         CREATE TABLE ic () INHERITS (ip);
+         CREATE VIEW tv AS SELECT v FROM t WHERE id = 1;
+         CREATE PROCEDURE set_two(x text) LANGUAGE sql AS $$ UPDATE t SET v = x WHERE id = 2 $$;
+         CREATE FUNCTION write_two(x text) RETURNS int VOLATILE LANGUAGE sql AS
+           $$ UPDATE t SET v = x WHERE id = 2 RETURNING 1 $$;",
+    )
+    .await;
+    let reader = memo.client("postgres", "postgres").await;
+    let writer = memo.client("postgres", "postgres").await;
+    let cases = [
+        ("a trigger", "SELECT n FROM b", "INSERT INTO a VALUES (1)"),
+        ("a rule", "SELECT n FROM r2", "INSERT INTO r1 VALUES (1)"),
+        (
+            "a foreign-key cascade",
+            "SELECT count(*) FROM child",
+            "DELETE FROM parent WHERE id = 1",
+        ),
+        (
+            "a partition",
+            "SELECT count(*) FROM pt",
+            "INSERT INTO pt1 VALUES (5, 'x')",
+        ),
+        (
+            "an inheritance child",
+            "SELECT count(*) FROM ip",
+            "INSERT INTO ic VALUES (1)",
+        ),
+        (
+            "a view's base table",
+            "SELECT v FROM tv",
+            "UPDATE t SET v = 'view' WHERE id = 1",
+        ),
+        (
+            "DO",
+            "SELECT v FROM t WHERE id = 2",
+            "DO $$ BEGIN UPDATE t SET v = 'do' WHERE id = 2; END $$",
+        ),
+        (
+            "CALL",
+            "SELECT v FROM t WHERE id = 2",
+            "CALL set_two('call')",
+        ),
+        (
+            "",
+            "SELECT v FROM t WHERE id = 2",
+            "PREPARE w AS UPDATE t SET v = 'exec' WHERE id = 2",
+        ),
+        ("SQL EXECUTE", "SELECT v FROM t WHERE id = 2", "EXECUTE w"),
+        (
+            "a volatile function",
+            "SELECT v FROM t WHERE id = 2",
+            "SELECT write_two('function')",
+        ),
+    ];
+    for (what, read, write) in cases {
+        let before = first(direct, read).await;
+        let hits = show_cache(memo, "hits").await;
+        for _ in 0..3 {
+            assert_eq!(first(&reader, read).await, before, "{what}: {read}");
+        }
+        assert!(
+            show_cache(memo, "hits").await > hits,
+            "{what}: {read} is served"
+        );
+        writer
+            .batch_execute(write)
+            .await
+            .unwrap_or_else(|e| panic!("{write}: {e}"));
+        if what.is_empty() {
+            // PREPARE writes nothing: its EXECUTE is the next case.
+            continue;
+        }
+        let after = first(direct, read).await;
+        assert_ne!(after, before, "{what}: {write} changed {read}");
+        assert_eq!(
+            first(&reader, read).await,
+            after,
+            "{what}: {read} after {write}"
+        );
+    }
+}
