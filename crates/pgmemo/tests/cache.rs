@@ -595,6 +595,12 @@ async fn hidden_and_indirect_writes_invalidate_what_they_change() {
 }
 
 #[tokio::test]
+async fn results_follow_the_session() {
+    let (pg, memo, _direct) = setup().await;
+    cache_support::results_follow_the_session(&memo, &pg, "SET ROLE outsider").await;
+}
+
+#[tokio::test]
 async fn a_commit_that_chains_invalidates_at_once() {
     let (_pg, memo, direct) = setup().await;
     cache_support::a_commit_that_chains_invalidates_at_once(&memo, &direct).await;

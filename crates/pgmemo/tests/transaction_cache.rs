@@ -298,6 +298,15 @@ async fn hidden_and_indirect_writes_invalidate_what_they_change() {
 }
 
 #[tokio::test]
+async fn results_follow_the_session() {
+    within(DEADLINE, async {
+        let (pg, memo, _direct) = setup(2).await;
+        cache_support::results_follow_the_session(&memo, &pg, "SET LOCAL ROLE outsider").await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_commit_that_chains_invalidates_at_once() {
     within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;

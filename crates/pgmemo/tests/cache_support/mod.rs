@@ -1096,3 +1096,97 @@ pub async fn hidden_and_indirect_writes_invalidate_what_they_change(
         );
     }
 }
+
+/// The key holds what changes the answer (docs/cache.md, "The key"): a session whose output
+/// settings differ never gets another session's cached result, a role without access to the
+/// table gets PostgreSQL's error rather than a result cached for a superuser, and a session
+/// whose transactions run under REPEATABLE READ by `default_transaction_isolation` neither
+/// stores nor is served. `set_role`: the statement that switches role (`SET ROLE` in session
+/// pooling; transaction pooling refuses it and takes `SET LOCAL ROLE` in a block).
+pub async fn results_follow_the_session(memo: &PgmemoInstance, pg: &TempPostgres, set_role: &str) {
+    pg.psql("CREATE ROLE outsider").await;
+    let plain = memo.client("postgres", "postgres").await;
+    let cases = [
+        (
+            "SET bytea_output = 'escape'",
+            "SELECT decode(v, 'escape') FROM t WHERE id = 1",
+        ),
+        (
+            "SET extra_float_digits = 0",
+            "SELECT id / 3.0::float8 FROM t WHERE id = 1",
+        ),
+        (
+            "SET DateStyle = 'SQL, DMY'",
+            "SELECT ts FROM t WHERE id = 1",
+        ),
+        (
+            "SET IntervalStyle = 'sql_standard'",
+            "SELECT ts - ts FROM t WHERE id = 1",
+        ),
+    ];
+    for (set, read) in cases {
+        let hits = show_cache(memo, "hits").await;
+        let default = first(&plain, read).await;
+        for _ in 0..2 {
+            assert_eq!(first(&plain, read).await, default, "{read}");
+        }
+        assert!(show_cache(memo, "hits").await > hits, "{read} is served");
+        let other = memo.client("postgres", "postgres").await;
+        other.batch_execute(set).await.unwrap();
+        let direct = pg.client("postgres", "postgres").await;
+        direct.batch_execute(set).await.unwrap();
+        let expected = first(&direct, read).await;
+        assert_ne!(expected, default, "{set} changes {read}");
+        for _ in 0..2 {
+            assert_eq!(first(&other, read).await, expected, "{set}: {read}");
+        }
+    }
+
+    // A role that may not read t.
+    let read = "SELECT v FROM t WHERE id = 2";
+    for _ in 0..3 {
+        first(&plain, read).await;
+    }
+    let outsider = memo.client("postgres", "postgres").await;
+    outsider
+        .batch_execute(&format!("BEGIN; {set_role}"))
+        .await
+        .unwrap();
+    let e = outsider.simple_query(read).await.unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|e| e.code().code()),
+        Some("42501"),
+        "{set_role}: {e}"
+    );
+    outsider.batch_execute("ROLLBACK").await.unwrap();
+
+    // Transactions under REPEATABLE READ by default: a read in one that saw the table before
+    // another session's write must not be stored after that write's invalidation.
+    let read = "SELECT v FROM t WHERE id = 1";
+    let rr = memo.client("postgres", "postgres").await;
+    rr.batch_execute("SET default_transaction_isolation = 'repeatable read'")
+        .await
+        .unwrap();
+    rr.batch_execute("BEGIN").await.unwrap();
+    let before = first(&rr, read).await;
+    plain
+        .batch_execute("UPDATE t SET v = 'rr' WHERE id = 1")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(first(&rr, read).await, before, "the block's snapshot");
+    }
+    rr.batch_execute("COMMIT").await.unwrap();
+    // Read by a session of the same key (the isolation default is part of it).
+    let rr2 = memo.client("postgres", "postgres").await;
+    rr2.batch_execute("SET default_transaction_isolation = 'repeatable read'")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            first(&rr2, read).await.as_deref(),
+            Some("rr"),
+            "nothing stale stored"
+        );
+    }
+}
