@@ -601,6 +601,15 @@ async fn results_follow_the_session() {
 }
 
 #[tokio::test]
+async fn a_query_drops_the_unnamed_statement_for_the_cache_too() {
+    let (pg, memo, _direct) = setup_with(|c| {
+        c.cache_admission = pgmemo::config::CacheAdmission::Always;
+    })
+    .await;
+    cache_support::a_query_drops_the_unnamed_statement_for_the_cache_too(&memo, &pg).await;
+}
+
+#[tokio::test]
 async fn a_commit_that_chains_invalidates_at_once() {
     let (_pg, memo, direct) = setup().await;
     cache_support::a_commit_that_chains_invalidates_at_once(&memo, &direct).await;

@@ -307,6 +307,21 @@ async fn results_follow_the_session() {
 }
 
 #[tokio::test]
+async fn a_query_drops_the_unnamed_statement_for_the_cache_too() {
+    within(DEADLINE, async {
+        let (pg, memo, _direct) = cache_support::setup_with(|c| {
+            c.pool_mode = PoolMode::Transaction;
+            c.pool_size = 2;
+            c.invalidation = Invalidation::Proxy;
+            c.cache_admission = pgmemo::config::CacheAdmission::Always;
+        })
+        .await;
+        cache_support::a_query_drops_the_unnamed_statement_for_the_cache_too(&memo, &pg).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_commit_that_chains_invalidates_at_once() {
     within(DEADLINE, async {
         let (_pg, memo, direct) = setup(2).await;

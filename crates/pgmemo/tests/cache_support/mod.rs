@@ -1190,3 +1190,48 @@ pub async fn results_follow_the_session(memo: &PgmemoInstance, pg: &TempPostgres
         );
     }
 }
+
+/// A simple Query drops the unnamed statement (PostgreSQL's rule), also when the cache answers
+/// the Query or the Bind after it: a Bind of the unnamed statement then fails with 26000 as it
+/// does on PostgreSQL, never runs the statement from before the Query. `memo` stores every
+/// cacheable miss (`cache_admission = always`).
+pub async fn a_query_drops_the_unnamed_statement_for_the_cache_too(
+    memo: &PgmemoInstance,
+    pg: &TempPostgres,
+) {
+    use crate::raw::*;
+    let direct_addr = std::net::SocketAddr::from(([127, 0, 0, 1], pg.port()));
+    let text = "SELECT v FROM t WHERE id = $1";
+    let run = |id: &str| [parse(text, &[23]), bind(&[id]), execute(), sync()].concat();
+    let exec = [bind(&["2"]), execute(), sync()].concat();
+    let read = query("SELECT v FROM t WHERE id = 1");
+    // With `cache_admission = always` every cacheable miss is stored. A Bind pgmemo cannot
+    // resolve may run anything: it invalidates the database, so each Query after one misses.
+    let script = [
+        // The batch is stored, then served.
+        run("2"),
+        run("2"),
+        // A miss of the Query: it reaches the server.
+        read.clone(),
+        exec.clone(),
+        // The Query is stored; the server holds the unnamed statement (a miss), then the
+        // Query is a hit.
+        read.clone(),
+        run("3"),
+        read,
+        exec,
+    ];
+    let mut transcripts = Vec::new();
+    for addr in [direct_addr, memo.addr()] {
+        let mut c = Raw::connect(addr).await;
+        let mut transcript = Vec::new();
+        for step in &script {
+            transcript.push(c.round_trip(std::slice::from_ref(step)).await);
+        }
+        transcripts.push(transcript);
+    }
+    assert_eq!(
+        transcripts[1], transcripts[0],
+        "through pgmemo, then directly"
+    );
+}

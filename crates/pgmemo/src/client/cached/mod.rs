@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use session::close_unnamed;
 pub use session::CacheSession;
 
 use super::quiet::Quiet;
@@ -58,10 +59,11 @@ pub(crate) struct Directive {
     pub seq: u64,
     pub action: Action,
     pub effects: Effects,
-    /// The response starts with a ParseComplete the client must not see: pgmemo sent a Parse
-    /// of the unnamed statement that the client had sent earlier in a batch answered from the
-    /// cache (the server never got it then).
-    pub swallow_parse_complete: bool,
+    /// The response starts with an answer the client must not see, of this tag: pgmemo sent
+    /// the server a Parse of the unnamed statement that the client had sent earlier in a batch
+    /// answered from the cache (ParseComplete), or a Close of the unnamed statement that a
+    /// Query answered from the cache dropped for the client (CloseComplete).
+    pub swallow_first: Option<u8>,
     /// The client's Parses in this request, in order: the n-th ParseComplete confirms the
     /// n-th.
     pub parses: Vec<Arc<AtomicBool>>,
@@ -71,7 +73,7 @@ impl Directive {
     /// Folds a later directive for the same request into this one.
     pub(crate) fn merge(&mut self, other: Directive) {
         self.effects.merge(&other.effects);
-        self.swallow_parse_complete |= other.swallow_parse_complete;
+        self.swallow_first = self.swallow_first.or(other.swallow_first);
         self.parses.extend(other.parses);
         if !matches!(other.action, Action::Forward) {
             self.action = other.action;

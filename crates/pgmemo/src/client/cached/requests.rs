@@ -21,7 +21,7 @@ use super::messages::{
     bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message, scan_batch,
     session_switch, split_frames, Batch, BindMessage,
 };
-use super::{Action, CacheSession, Capture, ClientWriter, Directive, Link};
+use super::{close_unnamed, Action, CacheSession, Capture, ClientWriter, Directive, Link};
 use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
 use crate::cache::store::Described;
@@ -244,7 +244,7 @@ impl Requests<'_> {
                 seq,
                 action,
                 effects,
-                swallow_parse_complete: false,
+                swallow_first: None,
                 parses,
             });
         }
@@ -252,22 +252,28 @@ impl Requests<'_> {
         self.st.unsynced.store(false, Ordering::Relaxed);
     }
 
-    /// Sends the Parse of the unnamed statement the server is missing, ahead of the messages
-    /// that use it; the response of the request they belong to starts with its ParseComplete,
-    /// which the server pump keeps from the client.
+    /// Sends what the server's unnamed statement lacks (`session.unnamed_behind`: a Parse or
+    /// a Close), ahead of the messages that use it; the response of the request they belong
+    /// to starts with its ParseComplete or CloseComplete, which the server pump keeps from the
+    /// client.
     async fn restore_unnamed<SW: AsyncWrite + Unpin>(
         &mut self,
-        parse: Bytes,
+        message: Bytes,
         server: &mut SW,
     ) -> Result<(), PumpError> {
+        let answer = if message.first() == Some(&b'C') {
+            b'3'
+        } else {
+            b'1'
+        };
         self.link.push_or_merge(Directive {
             seq: self.link.sent.load(Ordering::Relaxed),
             action: Action::Forward,
             effects: Effects::default(),
-            swallow_parse_complete: true,
+            swallow_first: Some(answer),
             parses: Vec::new(),
         });
-        send(server, &parse).await
+        send(server, &message).await
     }
 
     /// Whether a request sent before the previous answers arrived may still be answered from
@@ -468,6 +474,10 @@ impl Requests<'_> {
         SW: AsyncWrite + Unpin,
     {
         let text = &frame[5..frame.len().saturating_sub(1)];
+        // A Query drops the unnamed statement, answered here or by the server; when it is
+        // answered here the server still has it, so a Close goes first if it is used again.
+        self.session.forget(b"");
+        self.session.unnamed_behind = Some(close_unnamed());
         let at_boundary = self.st.at_boundary();
         if at_boundary && self.needs_catch_up() {
             Box::pin(self.catch_up(server)).await?;
@@ -532,6 +542,7 @@ impl Requests<'_> {
         // A read of the clock is not stored, but changes nothing either.
         let inert = plan.read.is_ok() && plan.effects.is_empty();
         self.request_sent(plan.effects.clone(), action, inert, Vec::new());
+        self.session.unnamed_behind = None;
         send(server, &frame).await
     }
 

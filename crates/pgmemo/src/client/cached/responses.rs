@@ -97,12 +97,11 @@ where
                     }
                 }
                 let capturing = flight.filling.as_ref().is_some_and(Filling::is_ok);
-                let swallow = tag == b'1'
-                    && !flight.swallowed
+                let swallow = !flight.swallowed
                     && flight
                         .directive
                         .as_ref()
-                        .is_some_and(|d| d.swallow_parse_complete);
+                        .is_some_and(|d| d.swallow_first == Some(tag));
                 let need_whole = tag == b'Z' || tag == b'E' || internal || capturing || swallow;
                 let available = buf.len() - pos;
                 if available < len {
@@ -242,7 +241,7 @@ fn start_filling(flight: &mut InFlight, d: Directive, scratch: Vec<u8>) {
         seq,
         action,
         effects,
-        swallow_parse_complete,
+        swallow_first,
         parses,
     } = d;
     if let Action::Capture(capture) = action {
@@ -252,7 +251,7 @@ fn start_filling(flight: &mut InFlight, d: Directive, scratch: Vec<u8>) {
         seq,
         action: Action::Forward,
         effects,
-        swallow_parse_complete,
+        swallow_first,
         parses,
     });
 }

@@ -39,8 +39,10 @@ pub struct CacheSession {
     pub statements: Map<Bytes, Statement>,
     /// The session's `SET pgmemo.cache` (on unless turned off).
     pub enabled: bool,
-    /// A Parse of the unnamed statement that the client sent in a batch answered from the
-    /// cache: the server's unnamed statement is an older one until pgmemo sends this.
+    /// What the server lacks for its unnamed statement to be the client's, sent before the
+    /// client next uses it: the Parse the client sent in a batch answered from the cache, or
+    /// a Close ([`close_unnamed`]) after a Query answered from the cache, which dropped the
+    /// client's unnamed statement while the server still has it.
     pub unnamed_behind: Option<Bytes>,
     /// The cache is bypassed until the replication feed has applied the WAL up to here (the
     /// session's own writes that only the feed invalidates).
@@ -118,4 +120,10 @@ impl CacheSession {
     pub fn forget(&mut self, name: &[u8]) {
         self.statements.remove(name);
     }
+}
+
+/// `Close` of the unnamed statement: drops the server's unnamed statement where a Query the
+/// cache answered dropped the client's (see `Session::unnamed_behind`).
+pub fn close_unnamed() -> Bytes {
+    Bytes::from_static(b"C\0\0\0\x06S\0")
 }
