@@ -143,6 +143,15 @@ impl Shared {
             kept.push("shutdown_timeout");
             new.shutdown_timeout = old.shutdown_timeout;
         }
+        // The store is sized and the runtime built once, at start.
+        if new.cache_size != old.cache_size {
+            kept.push("cache_size");
+            new.cache_size = old.cache_size;
+        }
+        if new.worker_threads != old.worker_threads {
+            kept.push("worker_threads");
+            new.worker_threads = old.worker_threads;
+        }
         let userlist = Userlist::load_for(&new)?;
         let client_tls = ClientTls::from_config(&new)?;
         if !kept.is_empty() {

@@ -158,17 +158,28 @@ async fn reload_applies_the_configuration_source() {
     let err = console.simple_query("RELOAD").await.unwrap_err();
     assert_eq!(err.code(), Some(&SqlState::CONFIG_FILE_ERROR), "{err}");
 
+    let setting = |config: &[Vec<(String, Option<String>)>], key: &str| {
+        let row = config
+            .iter()
+            .find(|r| value(r, "key") == key)
+            .unwrap_or_else(|| panic!("{key} setting"));
+        value(row, "value").to_owned()
+    };
+    let before = rows(&console, "SHOW CONFIG").await;
     let mut next = base.clone();
     next.pool_size = 7;
+    // Settings that need a restart keep their running values (and a warning names them).
+    next.cache_size = pgmemo::config::ByteSize(base.cache_size.0 * 2);
+    next.worker_threads = base.worker_threads + 3;
+    next.shutdown_timeout = pgmemo::config::Seconds(base.shutdown_timeout.0 * 2);
     memo.handle()
         .set_reloader(Arc::new(move || Ok(next.clone())));
     console.simple_query("RELOAD").await.expect("RELOAD works");
     let config = rows(&console, "SHOW CONFIG").await;
-    let size = config
-        .iter()
-        .find(|r| value(r, "key") == "pool_size")
-        .expect("pool_size setting");
-    assert_eq!(value(size, "value"), "7");
+    assert_eq!(setting(&config, "pool_size"), "7");
+    for key in ["cache_size", "worker_threads", "shutdown_timeout"] {
+        assert_eq!(setting(&config, key), setting(&before, key), "{key}");
+    }
 }
 
 /// The admin console checks a login's role on a pooled server. In transaction pooling that
