@@ -52,6 +52,44 @@ fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
     ]
 }
 
+/// Settings that a transaction undoes stay undone for their client and never reach another:
+/// a SET in an implicit transaction that fails, a SET rolled back to a savepoint (in one
+/// Query and message by message), a SET before a savepoint that is rolled back (kept), a SET
+/// in a released savepoint (kept). A and B share one server; PostgreSQL gives each its own.
+#[tokio::test]
+async fn settings_undone_by_their_transaction_stay_undone() {
+    use Who::{A, B};
+    let q = |sql: &str| vec![msg::query(sql)];
+    let show = "SHOW work_mem";
+    let mut steps = Vec::new();
+    let mut then_show = |request: &[&str]| {
+        for sql in request {
+            steps.push((A, q(sql)));
+        }
+        steps.push((A, q(show)));
+        steps.push((B, q(show)));
+    };
+    then_show(&["SET work_mem = '7MB'; SELECT 1/0"]);
+    then_show(&["BEGIN; SAVEPOINT s; SET work_mem = '8MB'; ROLLBACK TO s; COMMIT"]);
+    then_show(&[
+        "BEGIN",
+        "SAVEPOINT s",
+        "SET work_mem = '9MB'",
+        "ROLLBACK TO s",
+        "COMMIT",
+    ]);
+    then_show(&["BEGIN; SET work_mem = '10MB'; SAVEPOINT s; ROLLBACK TO s; COMMIT"]);
+    then_show(&["BEGIN; SAVEPOINT s; SET work_mem = '11MB'; RELEASE s; COMMIT"]);
+    then_show(&["BEGIN", "SET work_mem = '12MB'", "SELECT 1/0", "COMMIT"]);
+    then_show(&["RESET work_mem"]);
+    let transcript = same_as_postgres(&steps).await;
+    assert!(
+        transcript.iter().any(|l| l.contains("10MB"))
+            && transcript.iter().any(|l| l.contains("11MB")),
+        "{transcript:#?}"
+    );
+}
+
 #[tokio::test]
 async fn same_statement_names_of_two_clients_stay_apart() {
     use Who::{A, B};

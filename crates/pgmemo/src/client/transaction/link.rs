@@ -40,6 +40,10 @@ pub struct ClientState {
     pub unnamed: Option<Unnamed>,
     pub parses: u64,
     pub settings: ClientSettings,
+    /// Settings whose committed value pgmemo cannot tell (a ROLLBACK TO SAVEPOINT undid some
+    /// of the transaction's SETs, but which): read back from the server after the
+    /// transaction, before it goes back to the pool.
+    pub verify: Vec<String>,
     /// From the last ReadyForQuery the client received.
     pub status: TransactionStatus,
 }
@@ -134,6 +138,9 @@ impl Entry {
 #[derive(Default)]
 pub struct TxnTrack {
     pub pending: Vec<TrackedChange>,
+    /// A ROLLBACK TO SAVEPOINT came after some of `pending`: it may have undone any of them,
+    /// so their names are verified once the transaction commits (`ClientState::verify`).
+    pub uncertain: bool,
     /// An error happened since the transaction began (or since the last COMMIT).
     pub failed: bool,
     /// A ROLLBACK (or ROLLBACK TO SAVEPOINT) completed.

@@ -33,7 +33,10 @@ use crate::cancel::CancelSlot;
 use crate::config::Config;
 use crate::hash::Map;
 use crate::net::MaybeTls;
-use crate::pool::settings::{parse_options, sync_sql, valid_name, ClientSettings};
+use crate::pool::settings::{
+    commit, parse_options, quote_literal, set_raw_sql, sync_sql, valid_name, ClientSettings,
+    SettingChange, TrackedChange,
+};
 use crate::pool::{
     Lease, Pool, PoolSettings, ReleaseState, ServerConn, StatementRegistry, WaitTimer,
 };
@@ -83,6 +86,7 @@ pub fn client_state(
         unnamed: None,
         parses: 0,
         settings: ClientSettings::from_startup(&settings, tag),
+        verify: Vec::new(),
         status: TransactionStatus::Idle,
     })
 }
@@ -280,6 +284,9 @@ pub async fn run(
         );
         match attached {
             Attached::Released => {
+                if !state.verify.is_empty() {
+                    verify_settings(&mut server, state).await;
+                }
                 if let Some(cache) = cache.as_mut() {
                     cache.plan_after(&mut server, state).await;
                 }
@@ -293,6 +300,36 @@ pub async fn run(
                 finish(lease, server, &end, at_boundary, state.status, shared);
                 return end;
             }
+        }
+    }
+}
+
+/// Reads back from the server the settings a ROLLBACK TO SAVEPOINT may have undone before
+/// the transaction committed, and makes their values the client's own. The server's settings
+/// are unknown since then, so it is brought in line before its next use anyway.
+async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
+    let names = std::mem::take(&mut state.verify);
+    let columns: Vec<String> = names
+        .iter()
+        .map(|n| format!("pg_catalog.current_setting({})", quote_literal(n)))
+        .collect();
+    let sql = format!("SELECT {}", columns.join(", "));
+    server.session.settings.unknown = true;
+    match server.query_text_rows(&sql).await {
+        Ok(rows) => {
+            let Some(row) = rows.first() else { return };
+            for (name, value) in names.iter().zip(row) {
+                if let Some(value) = value {
+                    let change = TrackedChange {
+                        change: SettingChange::Set(name.clone(), set_raw_sql(name, value)),
+                        real: false,
+                    };
+                    commit(&[change], &mut state.settings, &mut server.session.settings);
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, ?names, "cannot read settings back after ROLLBACK TO SAVEPOINT")
         }
     }
 }

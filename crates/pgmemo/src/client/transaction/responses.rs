@@ -10,7 +10,7 @@ use wire::backend::{self, TransactionStatus};
 use wire::{FrameHeader, WireError};
 
 use super::commands::{Effect, Outcome};
-use super::link::{Entry, Expect, Link};
+use super::link::{ClientState, Entry, Expect, Link};
 use super::plain::Plain;
 use crate::client::relay::MAX_SERVER_FRAME;
 use crate::pool::settings::{commit, set_raw_sql, SettingChange, TrackedChange};
@@ -394,6 +394,11 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
                 &mut link.client.settings,
                 &mut link.server.settings,
             );
+            verify_later(
+                &pending,
+                std::mem::take(&mut link.txn.uncertain),
+                link.client,
+            );
             link.txn.failed = false;
             if let Some(cache) = link.cache.as_deref_mut() {
                 cache.committed();
@@ -401,6 +406,13 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
         }
         b"ROLLBACK" => {
             link.txn.rolled_back = true;
+            if !link.txn.pending.is_empty() {
+                // A ROLLBACK TO SAVEPOINT undid some of them, or a ROLLBACK all (a COMMIT
+                // after it in the same Query still commits them here): which, pgmemo cannot
+                // tell, so what commits is read back from the server.
+                link.txn.uncertain = true;
+                link.server.settings.unknown = true;
+            }
             if let Some(cache) = link.cache.as_deref_mut() {
                 cache.rollback_completed();
             }
@@ -515,15 +527,32 @@ fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
                     &mut link.client.settings,
                     &mut link.server.settings,
                 );
+                verify_later(&txn.pending, txn.uncertain, link.client);
             }
         }
         TransactionStatus::InTransaction if link.txn.rolled_back => {
             if !link.txn.pending.is_empty() {
                 link.server.settings.unknown = true;
+                link.txn.uncertain = true;
             }
             link.txn.rolled_back = false;
         }
         _ => {}
+    }
+}
+
+/// Notes the settings of `committed` for reading back from the server (`uncertain`: a ROLLBACK
+/// TO SAVEPOINT in the transaction may have undone some of them).
+fn verify_later(committed: &[TrackedChange], uncertain: bool, client: &mut ClientState) {
+    if !uncertain {
+        return;
+    }
+    for c in committed {
+        if let SettingChange::Set(name, _) | SettingChange::Reset(name) = &c.change {
+            if !client.verify.contains(name) {
+                client.verify.push(name.clone());
+            }
+        }
     }
 }
 
