@@ -824,3 +824,32 @@ async fn a_reloaded_smaller_pool_size_holds_once_busy_leases_end() {
     drop((first, second, third));
     pgmemo.shutdown().await;
 }
+
+/// An upstream that accepts connections and then says nothing does not hold a client's login
+/// longer than `server_connect_timeout` (which covers the server's answers to the startup
+/// message, not only the TCP connect): the client gets a connection error (08006).
+#[tokio::test]
+async fn a_silent_upstream_fails_logins_after_server_connect_timeout() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    // Accepts and keeps every connection open without a word.
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            sockets.push(s);
+        }
+    });
+    let pgmemo = pgmemo_for(port, 2, |c| {
+        c.server_connect_timeout = seconds(Duration::from_millis(500));
+    })
+    .await;
+    let started = Instant::now();
+    let e = connect_error(&pgmemo.url(USER, DB)).await;
+    let waited = started.elapsed();
+    assert_eq!(sqlstate(&e), Some("08006"), "{e:?}");
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    held.abort();
+}

@@ -1,6 +1,8 @@
 //! Authentication of a client: either relayed to PostgreSQL over a new server connection
 //! (`auth_type = upstream`) or checked by pgmemo against the userlist (trust, md5, SCRAM).
 
+use std::time::Duration;
+
 use rand::RngCore;
 use wire::backend::{self, Authentication, BackendMessage};
 use wire::frontend::{parse_password, SaslInitialResponse};
@@ -170,10 +172,15 @@ async fn scram(
 pub async fn relay_upstream_auth(
     client: &mut ClientConn,
     server: &mut ServerConn,
+    server_timeout: Duration,
 ) -> Result<bool, ClientError> {
     let mut asked = false;
     loop {
-        let frame = server.read_frame().await?;
+        // The server has `server_timeout` for each answer; the client's own replies are
+        // bounded by the login timeout.
+        let frame = tokio::time::timeout(server_timeout, server.read_frame())
+            .await
+            .map_err(|_| ServerError::Timeout(server_timeout))??;
         match frame.tag() {
             b'R' => {}
             b'E' => {

@@ -12,7 +12,9 @@ use wire::startup::StartupMessage;
 use super::auth::{authenticate_locally, relay_upstream_auth};
 use super::{ClientConn, ClientError};
 use crate::config::{AuthType, Config, PoolMode};
-use crate::pool::{Lease, PoolKey, PoolSettings, ReleaseState, ServerConn, ServerCredential};
+use crate::pool::{
+    Lease, PoolKey, PoolSettings, ReleaseState, ServerConn, ServerCredential, ServerError,
+};
 use crate::shared::Shared;
 use crate::stats::Stats;
 
@@ -151,8 +153,9 @@ pub async fn login(
         }
         lease.reserve_new();
         let mut conn = open(shared, &route, upstream_tls).await?;
-        let asked = relay_upstream_auth(client, &mut conn).await?;
-        conn.finish_startup().await?;
+        let timeout = config.server_connect_timeout.0;
+        let asked = relay_upstream_auth(client, &mut conn, timeout).await?;
+        bounded(timeout, conn.finish_startup()).await?;
         pool.set_trust_known(!asked);
         return Ok((route, lease, conn));
     }
@@ -181,10 +184,25 @@ pub async fn login(
         _ => ServerCredential::None,
     };
     let mut conn = open(shared, &route, upstream_tls).await?;
-    conn.authenticate(&route.key.user, &route.credential)
-        .await?;
-    conn.finish_startup().await?;
+    bounded(config.server_connect_timeout.0, async {
+        conn.authenticate(&route.key.user, &route.credential)
+            .await?;
+        conn.finish_startup().await
+    })
+    .await?;
     Ok((route, lease, conn))
+}
+
+/// `step` of opening a server connection, within what is left of `server_connect_timeout`
+/// (the server answering the startup message and the authentication exchange count too: a
+/// server that accepts and then says nothing must not hold a login).
+async fn bounded<T>(
+    timeout: std::time::Duration,
+    step: impl std::future::Future<Output = Result<T, ServerError>>,
+) -> Result<T, ServerError> {
+    tokio::time::timeout(timeout, step)
+        .await
+        .unwrap_or(Err(ServerError::Timeout(timeout)))
 }
 
 /// A password pgmemo holds for the server user: the `[databases]` entry's, a plain userlist
@@ -215,9 +233,12 @@ pub async fn open_authenticated(
     route: &Route,
 ) -> Result<Box<ServerConn>, ClientError> {
     let mut conn = open(shared, route, shared.upstream_tls.as_ref()).await?;
-    conn.authenticate(&route.key.user, &route.credential)
-        .await?;
-    conn.finish_startup().await?;
+    bounded(shared.config().server_connect_timeout.0, async {
+        conn.authenticate(&route.key.user, &route.credential)
+            .await?;
+        conn.finish_startup().await
+    })
+    .await?;
     Ok(conn)
 }
 
