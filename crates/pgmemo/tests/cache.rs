@@ -561,6 +561,37 @@ async fn oversized_results_cursors_and_row_limited_portals_are_not_cached() {
     cache_support::row_limited_and_unkeyed_executions_are_refused(&memo, &mut c, &direct).await;
 }
 
+/// Sessions waiting for another's fill of the same key run the query themselves as soon as
+/// that fill ends without an entry (here its result is over `max_entry_size`), not after the
+/// 10 s a wait may last.
+#[tokio::test]
+async fn waiters_run_the_query_at_once_when_the_fill_stores_nothing() {
+    let (pg, memo, _direct) =
+        setup_with(|c| c.max_entry_size = pgmemo::config::ByteSize(4096)).await;
+    cache_support::create_slow_function(&pg).await;
+    let q = "SELECT repeat(v, 2000), slow(1) FROM t WHERE id = 1";
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let c = memo.client("postgres", "postgres").await;
+        tasks.push(tokio::spawn(async move { first(&c, q).await }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().map(|v| v.len()), Some(6000));
+    }
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "waited for the cap: {took:?}"
+    );
+    assert!(
+        show_cache(&memo, "flight_waits").await >= 1,
+        "someone waited"
+    );
+    assert!(show_cache(&memo, "refused_too_large").await >= 1);
+    assert_eq!(show_cache(&memo, "entries").await, 0);
+}
+
 #[tokio::test]
 async fn concurrent_misses_on_one_key_run_once() {
     let (pg, memo, _direct) = setup().await;
