@@ -466,6 +466,81 @@ async fn admin_console_reports_hits_and_purges() {
     assert_eq!(first(&c, q).await.as_deref(), Some("one"));
     admin.simple_query("CACHE PURGE t").await.unwrap();
     assert_eq!(first(&c, q).await.as_deref(), Some("purged"));
+    // Without a table: everything goes.
+    let two = "SELECT v FROM t WHERE id = 2";
+    for _ in 0..3 {
+        first(&c, two).await;
+    }
+    direct
+        .batch_execute("UPDATE t SET v = 'all purged'")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, two).await.as_deref(), Some("two"), "served");
+    admin.simple_query("CACHE PURGE").await.unwrap();
+    assert_eq!(show_cache(&memo, "entries").await, 0);
+    assert_eq!(first(&c, q).await.as_deref(), Some("all purged"));
+    assert_eq!(first(&c, two).await.as_deref(), Some("all purged"));
+}
+
+/// A response with a notice is never stored (docs/cache.md): answered from the cache, the
+/// notice would be lost.
+#[tokio::test]
+async fn a_read_that_raises_a_notice_is_not_stored() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE FUNCTION noisy(x text) RETURNS text IMMUTABLE LANGUAGE plpgsql AS
+         $$ BEGIN RAISE NOTICE 'reading %', x; RETURN x; END $$;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT noisy(v) FROM t WHERE id = 1";
+    for round in 0..3 {
+        let messages = c.simple_query(q).await.unwrap();
+        assert!(
+            messages
+                .iter()
+                .any(|m| matches!(m, SimpleQueryMessage::Row(_))),
+            "round {round}"
+        );
+    }
+    assert_eq!(show_cache(&memo, "hits").await, 0);
+    assert!(show_cache(&memo, "refused_response_not_cacheable").await >= 1);
+}
+
+/// `COMMIT PREPARED` may commit writes of any table (docs/cache.md): every result of the
+/// database goes. The writes of a transaction are seen as it is prepared, too early, and
+/// reads between PREPARE TRANSACTION and COMMIT PREPARED store the old values again.
+#[tokio::test]
+async fn commit_prepared_invalidates_the_database() {
+    let pg = TempPostgres::builder()
+        .conf("max_prepared_transactions = 2")
+        .start()
+        .await
+        .expect("cluster starts");
+    pg.psql(
+        "CREATE TABLE t (id int PRIMARY KEY, v text);
+         INSERT INTO t VALUES (1, 'one');",
+    )
+    .await;
+    let memo = spawn_pgmemo(pgmemo_config_for(pg.port()))
+        .await
+        .expect("pgmemo starts");
+    let reader = memo.client("postgres", "postgres").await;
+    let writer = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    writer
+        .batch_execute("BEGIN; UPDATE t SET v = 'prepared' WHERE id = 1; PREPARE TRANSACTION 'w'")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(first(&reader, q).await.as_deref(), Some("one"));
+    }
+    assert!(
+        show_cache(&memo, "hits").await >= 1,
+        "the old value is served"
+    );
+    writer.batch_execute("COMMIT PREPARED 'w'").await.unwrap();
+    assert_eq!(first(&reader, q).await.as_deref(), Some("prepared"));
 }
 
 #[tokio::test]
