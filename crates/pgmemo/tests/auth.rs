@@ -533,6 +533,14 @@ const SRV_STALE_SERVER_PW: &str = "srv-stale-new-pw";
 /// A cluster that asks every role for a password (each with its own method), and pgmemo with
 /// a userlist for them.
 async fn server_login_setup(auth_type: AuthType) -> (TempPostgres, PgmemoInstance, TempDir) {
+    server_login_setup_with(auth_type, |_| {}).await
+}
+
+/// [`server_login_setup`] with `tweak` applied to pgmemo's configuration.
+async fn server_login_setup_with(
+    auth_type: AuthType,
+    tweak: impl FnOnce(&mut Config),
+) -> (TempPostgres, PgmemoInstance, TempDir) {
     let pg = TempPostgres::builder()
         .conf("password_encryption = 'scram-sha-256'")
         .hba("host all srv_scram 127.0.0.1/32 scram-sha-256")
@@ -568,15 +576,44 @@ async fn server_login_setup(auth_type: AuthType) -> (TempPostgres, PgmemoInstanc
     ]);
     // One server connection per user and a short wait: a failed server login that kept its
     // place in the pool would make the next attempt time out (53300) instead of failing again.
-    let config = Config {
+    let mut config = Config {
         auth_type,
         auth_file: Some(path),
         pool_size: 1,
         query_wait_timeout: Seconds(Duration::from_secs(5)),
         ..pgmemo_config_for(pg.port())
     };
+    tweak(&mut config);
     let pgmemo = start_pgmemo(config).await;
     (pg, pgmemo, dir)
+}
+
+/// Transaction pooling opens server connections long after a client logged in, with the
+/// credentials its login found (the userlist's password here). A client whose login was
+/// served by an idle pooled connection needs them too: here B logs in on A's idle
+/// connection, A then holds it in a block, and B's next statement needs a new one.
+#[tokio::test]
+async fn transaction_pooling_logs_in_new_servers_for_clients_that_reused_one() {
+    for auth_type in [AuthType::Md5, AuthType::ScramSha256] {
+        let (_pg, pgmemo, _dir) = server_login_setup_with(auth_type, |c| {
+            c.pool_mode = pgmemo::config::PoolMode::Transaction;
+            c.pool_size = 2;
+        })
+        .await;
+        let (user, password) = SRV_MD5;
+        let a = connect(pgmemo.port(), user, Some(password), "postgres")
+            .await
+            .unwrap();
+        a.simple_query("SELECT 1").await.unwrap();
+        let b = connect(pgmemo.port(), user, Some(password), "postgres")
+            .await
+            .unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        b.simple_query("SELECT 1")
+            .await
+            .unwrap_or_else(|e| panic!("{auth_type:?}: B on a new server: {e}"));
+        a.batch_execute("COMMIT").await.unwrap();
+    }
 }
 
 async fn check_server_login_with_held_credentials(auth_type: AuthType) {

@@ -163,13 +163,8 @@ pub async fn login(
     let user = startup.param("user").unwrap_or_default();
     let userlist = shared.userlist();
     let local = authenticate_locally(client, &userlist, config.auth_type, user).await?;
-    let mut lease = pool.acquire(wait).await.inspect_err(|_| {
-        Stats::bump(&shared.stats.pool_wait_timeouts);
-    })?;
-    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
-        return Ok((route, lease, conn));
-    }
-    lease.reserve_new();
+    // Before an idle connection may serve the login: transaction pooling opens the client's
+    // later server connections with these credentials.
     let same_user = route.key.user == user;
     let password = route
         .password
@@ -183,6 +178,13 @@ pub async fn login(
         }
         _ => ServerCredential::None,
     };
+    let mut lease = pool.acquire(wait).await.inspect_err(|_| {
+        Stats::bump(&shared.stats.pool_wait_timeouts);
+    })?;
+    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
+        return Ok((route, lease, conn));
+    }
+    lease.reserve_new();
     let mut conn = open(shared, &route, upstream_tls).await?;
     bounded(config.server_connect_timeout.0, async {
         conn.authenticate(&route.key.user, &route.credential)
