@@ -343,3 +343,31 @@ async fn show_servers_counts_prepared_statements_in_transaction_pooling() {
     )
     .await;
 }
+
+/// With pgmemo's own authentication, the console asks the server whether the client's role
+/// is a superuser, not the role a `[databases]` entry logs the connection in as: here every
+/// listed user reaches the server as `postgres`, yet only `postgres` gets the console.
+#[tokio::test]
+async fn a_mapped_server_user_does_not_make_a_client_an_admin() {
+    let pg = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let userlist = dir.path().join("userlist.txt");
+    std::fs::write(&userlist, "\"plain_user\" \"\"\n\"postgres\" \"\"\n").unwrap();
+    let mut config = pgmemo_config_for(pg.port());
+    config.auth_type = pgmemo::config::AuthType::Trust;
+    config.auth_file = Some(userlist);
+    config.databases.insert(
+        "postgres".to_owned(),
+        pgmemo::config::DatabaseConfig {
+            user: Some("postgres".to_owned()),
+            ..Default::default()
+        },
+    );
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let Err(err) = admin(&memo, "plain_user").await else {
+        panic!("plain_user got into the console through the mapping")
+    };
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
+    let console = admin(&memo, "postgres").await.expect("a superuser gets in");
+    assert!(!rows(&console, "SHOW STATS").await.is_empty());
+}

@@ -30,6 +30,7 @@ pub use command::AdminCommand;
 pub use table::Table;
 
 use crate::client::{ClientConn, ClientError};
+use crate::pool::settings::quote_literal;
 use crate::pool::ServerConn;
 use crate::registry::ClientInfo;
 use crate::shared::Shared;
@@ -87,6 +88,10 @@ async fn authorize(
     let user = startup.param("user").unwrap_or_default().to_owned();
     let wait = config.client_login_timeout.0 + config.query_wait_timeout.0;
     let admins = config.admin_users.clone();
+    // Relayed authentication proves the server's own role (the connection's current_user,
+    // mapped or not); pgmemo's own proves only the client's name, and a `[databases]` mapping
+    // may log the connection in as another, more privileged role.
+    let role = (config.auth_type != crate::config::AuthType::Upstream).then(|| user.clone());
     drop(config);
     let (_route, lease, mut server) = tokio::time::timeout(
         wait,
@@ -95,7 +100,7 @@ async fn authorize(
     .await
     .map_err(|_| ClientError::LoginTimeout)??;
     let allowed = if admins.is_empty() {
-        is_superuser(&mut server).await
+        is_superuser(&mut server, role.as_deref()).await
     } else {
         admins.contains(&user)
     };
@@ -112,11 +117,11 @@ async fn authorize(
     Ok(())
 }
 
-async fn is_superuser(server: &mut ServerConn) -> bool {
-    match server
-        .query_text_rows("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-        .await
-    {
+/// Whether `role` (the connection's own role when `None`) is a superuser on the server.
+async fn is_superuser(server: &mut ServerConn, role: Option<&str>) -> bool {
+    let role = role.map_or_else(|| "current_user".to_owned(), quote_literal);
+    let sql = format!("SELECT rolsuper FROM pg_roles WHERE rolname = {role}");
+    match server.query_text_rows(&sql).await {
         Ok(rows) => rows
             .first()
             .and_then(|r| r.first())
