@@ -35,7 +35,11 @@ impl Seconds {
             "d" => 86400.0,
             other => return Err(format!("invalid duration unit {other:?} in {s:?}")),
         };
-        Ok(Seconds(Duration::from_secs_f64(value * factor)))
+        // A value past what a Duration holds is refused, not a panic (a reload must not
+        // take the process down).
+        Duration::try_from_secs_f64(value * factor)
+            .map(Seconds)
+            .map_err(|_| format!("duration {s:?} is too large"))
     }
 }
 
@@ -143,6 +147,12 @@ impl Serialize for ByteSize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_enormous_duration_is_an_error() {
+        let e = Seconds::parse("99999999999999999999999999d").unwrap_err();
+        assert!(e.contains("too large"), "{e}");
+    }
 
     #[test]
     fn durations() {
