@@ -493,6 +493,68 @@ async fn silent_client_is_closed_after_login_timeout() {
     .await
 }
 
+/// With `auth_type = upstream` a client that never answers the server's password request
+/// holds a pool place and a server connection: after `client_login_timeout` it gets 08P01
+/// and is closed, and the place serves the next client.
+#[tokio::test]
+async fn a_client_silent_at_the_password_request_is_closed_after_login_timeout() {
+    within(TEST_DEADLINE, async {
+        let cluster = testkit::TempPostgres::builder()
+            .hba("host all pw_user 127.0.0.1/32 md5")
+            .no_default_trust()
+            .start()
+            .await
+            .expect("cluster starts");
+        cluster
+            .psql("CREATE ROLE pw_user LOGIN PASSWORD 'pw-secret'")
+            .await;
+        let mut config = pgmemo_config_for(cluster.port());
+        config.client_login_timeout = pgmemo::config::Seconds(Duration::from_millis(300));
+        config.query_wait_timeout = pgmemo::config::Seconds(Duration::from_secs(10));
+        config.pool_size = 1;
+        let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+        let started = Instant::now();
+        let mut silent = Raw::connect(memo.addr()).await;
+        silent
+            .send(&startup(
+                0,
+                &[("user", "pw_user"), ("database", "postgres")],
+            ))
+            .await;
+        // (SCRAM: the password is stored as a SCRAM verifier, which md5 in pg_hba upgrades.)
+        let request = silent.expect_message().await;
+        assert!(
+            matches!(
+                request,
+                BackendMessage::Authentication(
+                    Authentication::Md5Password { .. } | Authentication::Sasl { .. }
+                )
+            ),
+            "the server's password request is relayed: {request:?}"
+        );
+        match silent.expect_message().await {
+            BackendMessage::ErrorResponse(e) => assert_eq!(e.code, "08P01", "{e:?}"),
+            other => panic!("expected the login timeout's error, got {other:?}"),
+        }
+        silent.expect_closed().await;
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < Duration::from_secs(3),
+            "closed too late: {elapsed:?}"
+        );
+        let url = format!(
+            "postgres://pw_user:pw-secret@127.0.0.1:{}/postgres",
+            memo.addr().port()
+        );
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("the next client gets the pool place");
+        tokio::spawn(conn);
+        client.simple_query("SELECT 1").await.unwrap();
+    })
+    .await
+}
+
 #[tokio::test]
 async fn max_client_conn_refuses_the_third_client() {
     within(TEST_DEADLINE, async {

@@ -172,12 +172,13 @@ async fn scram(
 pub async fn relay_upstream_auth(
     client: &mut ClientConn,
     server: &mut ServerConn,
-    server_timeout: Duration,
+    (server_timeout, client_timeout): (Duration, Duration),
 ) -> Result<bool, ClientError> {
     let mut asked = false;
     loop {
-        // The server has `server_timeout` for each answer; the client's own replies are
-        // bounded by the login timeout.
+        // The server has `server_timeout` for each answer, the client `client_timeout`
+        // (client_login_timeout) for each reply: meanwhile it holds a pool place and a server
+        // connection.
         let frame = tokio::time::timeout(server_timeout, server.read_frame())
             .await
             .map_err(|_| ServerError::Timeout(server_timeout))??;
@@ -237,7 +238,9 @@ pub async fn relay_upstream_auth(
         };
         asked = true;
         if expects_reply {
-            let reply = client.read_frame(MAX_AUTH_MESSAGE).await?;
+            let reply = tokio::time::timeout(client_timeout, client.read_frame(MAX_AUTH_MESSAGE))
+                .await
+                .map_err(|_| ClientError::LoginTimeout)??;
             if reply.tag() != b'p' {
                 return Err(ClientError::Protocol(WireError::UnexpectedTag(reply.tag())));
             }

@@ -154,7 +154,8 @@ pub async fn login(
         lease.reserve_new();
         let mut conn = open(shared, &route, upstream_tls).await?;
         let timeout = config.server_connect_timeout.0;
-        let asked = relay_upstream_auth(client, &mut conn, timeout).await?;
+        let client_timeout = config.client_login_timeout.0;
+        let asked = relay_upstream_auth(client, &mut conn, (timeout, client_timeout)).await?;
         bounded(timeout, conn.finish_startup()).await?;
         pool.set_trust_known(!asked);
         return Ok((route, lease, conn));
