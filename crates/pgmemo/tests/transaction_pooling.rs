@@ -730,6 +730,40 @@ async fn startup_parameters_stay_with_their_client() {
         assert_eq!(value(&b, "SHOW application_name").await, "txn_app_b");
         c.batch_execute("RESET ALL").await.unwrap();
         assert_eq!(value(&c, "SHOW search_path").await, "txn_opt_schema");
+        // Also inside the transaction that resets (the server's own defaults are not the
+        // client's), and for the other clients after it.
+        b.batch_execute("SET application_name = 'txn_app_b3'")
+            .await
+            .unwrap();
+        assert_eq!(
+            value(&b, "RESET application_name; SHOW application_name").await,
+            "txn_app_b"
+        );
+        assert_eq!(
+            value(
+                &c,
+                "BEGIN; SET search_path = elsewhere; RESET ALL; SHOW search_path"
+            )
+            .await,
+            "txn_opt_schema"
+        );
+        c.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            value(&b, "SET application_name TO DEFAULT; SHOW application_name").await,
+            "txn_app_b"
+        );
+        // The extended protocol: the statement is rewritten in its Parse.
+        b.batch_execute("SET application_name = 'txn_app_b4'")
+            .await
+            .unwrap();
+        b.execute("RESET application_name", &[]).await.unwrap();
+        assert_eq!(value(&b, "SHOW application_name").await, "txn_app_b");
+        for _ in 0..2 {
+            assert_eq!(value(&a, "SHOW application_name").await, "txn_app_a");
+            assert_eq!(value(&a, "SHOW search_path").await, default_path);
+            assert_eq!(value(&b, "SHOW application_name").await, "txn_app_b");
+            assert_eq!(value(&c, "SHOW search_path").await, "txn_opt_schema");
+        }
         pgmemo.shutdown().await;
     })
     .await

@@ -60,6 +60,12 @@ impl ClientSettings {
         }
     }
 
+    /// The statements that give the settings of the client's startup packet (name, replay),
+    /// its session defaults: what `RESET` returns to.
+    pub fn startup(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.startup.iter()
+    }
+
     /// Changes whenever the settings do.
     pub fn version(&self) -> u64 {
         self.version

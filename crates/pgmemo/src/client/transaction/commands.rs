@@ -11,7 +11,7 @@ use sql::{SetCommand, StatementInfo, StatementKind};
 use wire::ErrorResponse;
 
 use crate::hash::Map;
-use crate::pool::settings::{quote_literal, set_sql, SettingChange, TrackedChange};
+use crate::pool::settings::{quote_literal, set_sql, ClientSettings, SettingChange, TrackedChange};
 use crate::pool::{
     ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
     StatementSource,
@@ -42,6 +42,9 @@ pub enum Effect {
     None,
     /// A setting changed (counted when the transaction commits).
     Setting(TrackedChange),
+    /// Several, in order (`RESET ALL` of a client with startup settings: everything back to
+    /// the server's defaults, then the client's startup values set again).
+    Settings(Vec<TrackedChange>),
     /// Settings changed in a way pgmemo cannot replay (`set_config`).
     SettingsUnknown,
     /// A setting changed for the transaction only (`SET LOCAL`, `SET LOCAL ROLE`): nothing to
@@ -103,6 +106,8 @@ pub struct Planner<'a> {
     pub max_prepared: usize,
     /// The client is inside a transaction block.
     pub in_block: bool,
+    /// The client's settings: its startup values are what `RESET` returns to.
+    pub startup: &'a ClientSettings,
 }
 
 impl Planner<'_> {
@@ -193,7 +198,10 @@ impl Planner<'_> {
             ))
         };
         match &stmt.kind {
-            StatementKind::Set(set) => Ok((setting(set)?, None)),
+            StatementKind::Set(set) => Ok(match reset_to_startup(set, self.startup) {
+                Some(rewritten) => rewritten,
+                None => (setting(set)?, None),
+            }),
             StatementKind::Prepare {
                 name,
                 param_types,
@@ -352,6 +360,70 @@ pub fn duplicate(name: &str) -> ErrorResponse {
         DUPLICATE_PSTATEMENT,
         format!("prepared statement \"{name}\" already exists"),
     )
+}
+
+/// `RESET` (and `SET ... TO DEFAULT`) of settings the client's startup packet gave: on a
+/// direct connection they return to those values, the session defaults. A pooled server's
+/// defaults are the server's own, so the statement is rewritten to set the client's values
+/// (after `RESET ALL` for that one), in a `DO` block that answers like the original (tag
+/// restored). `None`: the statement needs no rewriting.
+fn reset_to_startup(
+    set: &SetCommand,
+    settings: &ClientSettings,
+) -> Option<(Outcome, Option<String>)> {
+    let replay = |sql: &str| {
+        // `SELECT pg_catalog.set_config(...)` as a statement of the block.
+        sql.strip_prefix("SELECT ")
+            .map(|call| format!("PERFORM {call};"))
+    };
+    let (changes, body, tag) = match set {
+        SetCommand::Default { local: false, name } | SetCommand::Reset { name } => {
+            let (_, sql) = settings.startup().find(|(n, _)| *n == name)?;
+            let change = TrackedChange {
+                change: SettingChange::Set(name.clone(), sql.clone()),
+                real: true,
+            };
+            let tag = if matches!(set, SetCommand::Reset { .. }) {
+                "RESET"
+            } else {
+                "SET"
+            };
+            (vec![change], replay(sql)?, tag)
+        }
+        SetCommand::ResetAll => {
+            let mut changes = vec![TrackedChange {
+                change: SettingChange::ResetAll,
+                real: true,
+            }];
+            let mut body = String::from("RESET ALL;");
+            for (name, sql) in settings.startup() {
+                body.push_str(&replay(sql)?);
+                changes.push(TrackedChange {
+                    change: SettingChange::Set(name.clone(), sql.clone()),
+                    real: true,
+                });
+            }
+            if changes.len() == 1 {
+                return None;
+            }
+            (changes, body, "RESET")
+        }
+        _ => return None,
+    };
+    if body.contains("$pgmemo$") {
+        return None;
+    }
+    let effect = match <[TrackedChange; 1]>::try_from(changes) {
+        Ok([one]) => Effect::Setting(one),
+        Err(many) => Effect::Settings(many),
+    };
+    Some((
+        Outcome {
+            effect,
+            tag: Some(tag),
+        },
+        Some(format!("DO $pgmemo$BEGIN {body} END$pgmemo$")),
+    ))
 }
 
 fn setting(set: &SetCommand) -> Result<Outcome, ErrorResponse> {

@@ -204,6 +204,7 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
         client: &mut link.client.statements,
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
+        startup: &link.client.settings,
     }
 }
 

@@ -428,6 +428,10 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
             });
             link.txn.pending.push(change)
         }
+        Effect::Settings(changes) => {
+            link.txn.explained.add(None);
+            link.txn.pending.extend(changes);
+        }
         Effect::SettingsUnknown => link.server.settings.unknown = true,
         Effect::LocalSetting(name) => link.txn.explained.add(name.as_deref()),
         Effect::Prepared { .. } | Effect::None => {}
