@@ -112,6 +112,19 @@ impl Lease {
         }
     }
 
+    /// Counts a connection about to be opened if the pool holds fewer than `limit`
+    /// (`Pool::reserve_spare`).
+    pub(super) fn reserve_below(&mut self, limit: usize) -> bool {
+        debug_assert!(!self.counted);
+        let mut st = self.pool.state();
+        if st.total >= limit {
+            return false;
+        }
+        st.total += 1;
+        self.counted = true;
+        true
+    }
+
     fn discard_counted(&mut self) {
         if self.counted {
             self.pool.state().total -= 1;

@@ -242,30 +242,19 @@ impl Pool {
         Ok(Lease::new(self.clone(), permit))
     }
 
-    /// Reserves room for a connection opened in the background so that the pool holds at
-    /// least `min` (`min_pool_size`); false when it already does (or is full).
-    pub fn reserve_spare(&self, min: usize) -> bool {
-        let mut st = self.state();
-        if st.total < min.min(self.size()) {
-            st.total += 1;
-            true
-        } else {
-            false
+    /// A place for a connection opened in the background so that the pool holds at least
+    /// `min` (`min_pool_size`): a lease like a client's, so that a connection being opened
+    /// counts against `pool_size` and the pool never holds more. `None` when the pool holds
+    /// `min` connections already or every place is taken. The opener gives the connection
+    /// back with [`Lease::return_idle`], or drops the lease when opening failed.
+    pub fn reserve_spare(self: &Arc<Self>, min: usize) -> Option<Lease> {
+        let limit = min.min(self.size());
+        if self.state().total >= limit {
+            return None;
         }
-    }
-
-    /// Adds a connection opened after [`Pool::reserve_spare`], or gives the room back when
-    /// opening it failed.
-    pub fn fill_spare(&self, conn: Option<Box<ServerConn>>) {
-        let mut st = self.state();
-        match conn {
-            Some(mut conn) => {
-                conn.last_used = Tick::now();
-                conn.set_state(ServerState::Idle, conn.last_used);
-                st.idle.push_back(conn);
-            }
-            None => st.total -= 1,
-        }
+        let mut lease = self.try_acquire().ok()??;
+        // Counted again under the lock: another spare may have been reserved meanwhile.
+        lease.reserve_below(limit).then_some(lease)
     }
 
     /// See the field doc of `trust_known`.
@@ -326,5 +315,46 @@ impl Pool {
         st.idle = keep;
         st.total -= expired.len();
         expired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(size: usize) -> Arc<Pool> {
+        let key = PoolKey {
+            host: "127.0.0.1".into(),
+            port: 5432,
+            database: "db".into(),
+            user: "u".into(),
+        };
+        Arc::new(Pool::new(key, size))
+    }
+
+    #[tokio::test]
+    async fn a_spare_being_opened_holds_a_place_of_the_pool() {
+        let pool = pool(1);
+        let spare = pool.reserve_spare(1).expect("room for a spare");
+        assert_eq!(pool.counts(), (0, 1));
+        assert!(
+            pool.try_acquire().unwrap().is_none(),
+            "a client waits while the spare is opened"
+        );
+        assert!(pool.reserve_spare(1).is_none(), "one spare at a time");
+        // Opening failed: the room and the place come back.
+        drop(spare);
+        assert_eq!(pool.counts(), (0, 0));
+        assert!(pool.try_acquire().unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn no_spare_once_the_pool_holds_its_minimum() {
+        let pool = pool(4);
+        let a = pool.reserve_spare(2).unwrap();
+        let b = pool.reserve_spare(2).unwrap();
+        assert!(pool.reserve_spare(2).is_none());
+        assert_eq!(pool.counts(), (0, 2));
+        drop((a, b));
     }
 }

@@ -446,19 +446,24 @@ impl Checkout {
     }
 
     /// Opens a connection in the background while the pool holds fewer than
-    /// `min_pool_size`, one per call, so a burst of clients finds servers ready.
+    /// `min_pool_size`, one per call, so a burst of clients finds servers ready. It holds a
+    /// place of the pool while it opens (see `Pool::reserve_spare`).
     fn top_up(&self, shared: &Arc<Shared>, route: &Route) {
         let min = self.config.min_pool_size;
-        if min == 0 || !self.pool.reserve_spare(min) {
+        if min == 0 {
             return;
         }
-        let (pool, shared, route) = (self.pool.clone(), shared.clone(), route.clone());
+        let Some(lease) = self.pool.reserve_spare(min) else {
+            return;
+        };
+        let (shared, route) = (shared.clone(), route.clone());
         tokio::spawn(async move {
-            let opened = open_authenticated(&shared, &route).await;
-            if let Err(e) = &opened {
-                tracing::warn!(error = %e, "opening a server connection for min_pool_size failed");
+            match open_authenticated(&shared, &route).await {
+                Ok(conn) => lease.return_idle(conn, true),
+                Err(e) => {
+                    tracing::warn!(error = %e, "opening a server connection for min_pool_size failed");
+                }
             }
-            pool.fill_spare(opened.ok());
         });
     }
 
