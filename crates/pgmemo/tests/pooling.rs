@@ -157,6 +157,35 @@ async fn session_pooling_reuses_server_connections() {
     pgmemo.shutdown().await;
 }
 
+/// An idle connection whose health check (`server_check_query`, run when it was idle longer
+/// than `server_check_delay`) fails is closed, not lent: the next client gets a new backend
+/// and its login still works. An empty check query turns the check off.
+#[tokio::test]
+async fn a_failing_health_check_closes_the_idle_connection() {
+    for (query, reused) in [("SELECT 1/0", false), ("", true)] {
+        let pgmemo = local_pgmemo(1, |c| {
+            c.server_check_query = query.to_owned();
+            c.server_check_delay = seconds(Duration::ZERO);
+        })
+        .await;
+        let a = pgmemo.client(USER, DB).await;
+        let pid = backend_pid(&a).await;
+        drop(a);
+        // The connection is idle again once its reset has run.
+        assert_eventually(SOON, "A's server connection is idle", || async {
+            pgmemo.handle().shared().pools.all()[0].counts().0 == 1
+        })
+        .await;
+        let b = pgmemo.client(USER, DB).await;
+        assert_eq!(
+            backend_pid(&b).await == pid,
+            reused,
+            "check query {query:?}: reused {reused}"
+        );
+        pgmemo.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn reset_leaves_no_trace_of_the_previous_client() {
     let direct = LocalPostgres.client(USER, DB).await;
