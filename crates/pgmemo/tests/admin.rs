@@ -371,3 +371,64 @@ async fn a_mapped_server_user_does_not_make_a_client_an_admin() {
     let console = admin(&memo, "postgres").await.expect("a superuser gets in");
     assert!(!rows(&console, "SHOW STATS").await.is_empty());
 }
+
+/// SHOW STATS counts what its rows name: failed logins, waits for a pool place that timed
+/// out, server connections opened, and in transaction pooling prepared-statement hits and
+/// misses on the servers.
+#[tokio::test]
+async fn show_stats_counts_failures_waits_and_prepared_statements() {
+    let pg = cluster().await;
+    let stat = |rows: &[Vec<(String, Option<String>)>], name: &str| -> u64 {
+        let row = rows
+            .iter()
+            .find(|r| value(r, "name") == name)
+            .unwrap_or_else(|| panic!("no {name} in SHOW STATS"));
+        value(row, "value").parse().unwrap()
+    };
+    let mut config = pgmemo_config_for(pg.port());
+    config.pool_size = 1;
+    config.query_wait_timeout = pgmemo::config::Seconds(std::time::Duration::from_millis(200));
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let console = admin(&memo, "postgres").await.unwrap();
+    let before = rows(&console, "SHOW STATS").await;
+    let e = tokio_postgres::connect(&memo.url("postgres", "no_such_db"), tokio_postgres::NoTls)
+        .await
+        .err()
+        .expect("no such database");
+    assert_eq!(e.code(), Some(&SqlState::INVALID_CATALOG_NAME), "{e}");
+    let holder = memo.client("postgres", "postgres").await;
+    holder.simple_query("SELECT 1").await.unwrap();
+    let waited = tokio_postgres::connect(&memo.url("postgres", "postgres"), tokio_postgres::NoTls)
+        .await
+        .err()
+        .expect("the only place is taken");
+    assert!(waited.code().is_some(), "{waited}");
+    let after = rows(&console, "SHOW STATS").await;
+    for (name, at_least) in [
+        ("login_failures", 2),
+        ("pool_wait_timeouts", 1),
+        ("server_connects", 1),
+    ] {
+        assert!(
+            stat(&after, name) >= stat(&before, name) + at_least,
+            "{name}: {} -> {}",
+            stat(&before, name),
+            stat(&after, name)
+        );
+    }
+    drop(holder);
+
+    let mut config = pgmemo_config_for(pg.port());
+    config.pool_mode = pgmemo::config::PoolMode::Transaction;
+    config.pool_size = 1;
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let console = admin(&memo, "postgres").await.unwrap();
+    let c = memo.client("postgres", "postgres").await;
+    let statement = c.prepare("SELECT $1::int + 1").await.unwrap();
+    for i in 0..3 {
+        c.query_one(&statement, &[&i]).await.unwrap();
+    }
+    let stats = rows(&console, "SHOW STATS").await;
+    assert!(stat(&stats, "prepared_misses") >= 1);
+    assert!(stat(&stats, "prepared_hits") >= 1);
+}
