@@ -196,6 +196,24 @@ async fn scrape_shows_cache_hits_pools_and_the_upstream_histogram() {
         Some(before + 1.0)
     );
 
+    // The counters of SHOW STATS are here too: a failed login shows at the next scrape.
+    let failures = sample(&page, "pgmemo_login_failures_total").expect("login failures");
+    assert!(
+        sample(&page, "pgmemo_server_connects_total") >= Some(1.0),
+        "{page}"
+    );
+    let url = memo.url(USER, "metrics_no_such_db");
+    assert!(tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .is_err());
+    // Counted once the session ends, which may be just after the client read the error.
+    eventually_some(SOON, || async {
+        let page = scrape(addr).await;
+        (sample(&page, "pgmemo_login_failures_total")? == failures + 1.0).then_some(())
+    })
+    .await
+    .expect("the failed login is counted");
+
     direct
         .batch_execute(&format!("DROP TABLE {table}"))
         .await
