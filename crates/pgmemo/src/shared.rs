@@ -111,47 +111,28 @@ impl Shared {
     pub fn reload(&self, mut new: Config) -> Result<(), String> {
         let old = self.config.load_full();
         let mut kept = Vec::new();
-        if new.listen != old.listen {
-            kept.push("listen");
-            new.listen = old.listen;
+        // The listeners, the pool mode and the feed are set up, the store sized and the
+        // runtime built once, at start.
+        macro_rules! keep {
+            ($($field:ident),*) => {$(
+                if new.$field != old.$field {
+                    kept.push(stringify!($field));
+                    new.$field = Clone::clone(&old.$field);
+                }
+            )*};
         }
-        if new.unix_socket_dir != old.unix_socket_dir {
-            kept.push("unix_socket_dir");
-            new.unix_socket_dir = old.unix_socket_dir.clone();
-        }
-        if new.upstream != old.upstream {
-            kept.push("upstream");
-            new.upstream = old.upstream.clone();
-        }
-        if new.pool_mode != old.pool_mode {
-            kept.push("pool_mode");
-            new.pool_mode = old.pool_mode;
-        }
-        if new.metrics_listen != old.metrics_listen {
-            kept.push("metrics_listen");
-            new.metrics_listen = old.metrics_listen;
-        }
-        if new.invalidation != old.invalidation {
-            kept.push("invalidation");
-            new.invalidation = old.invalidation;
-        }
-        if new.replication_publication != old.replication_publication {
-            kept.push("replication_publication");
-            new.replication_publication = old.replication_publication.clone();
-        }
-        if new.shutdown_timeout != old.shutdown_timeout {
-            kept.push("shutdown_timeout");
-            new.shutdown_timeout = old.shutdown_timeout;
-        }
-        // The store is sized and the runtime built once, at start.
-        if new.cache_size != old.cache_size {
-            kept.push("cache_size");
-            new.cache_size = old.cache_size;
-        }
-        if new.worker_threads != old.worker_threads {
-            kept.push("worker_threads");
-            new.worker_threads = old.worker_threads;
-        }
+        keep!(
+            listen,
+            unix_socket_dir,
+            upstream,
+            pool_mode,
+            metrics_listen,
+            invalidation,
+            replication_publication,
+            shutdown_timeout,
+            cache_size,
+            worker_threads
+        );
         let userlist = Userlist::load_for(&new)?;
         let client_tls = ClientTls::from_config(&new)?;
         if !kept.is_empty() {

@@ -157,20 +157,6 @@ async fn a_direct_write_invalidates_a_cached_read_within_a_second() {
     memo.shutdown().await;
 }
 
-/// Tables `a` and `b` where each insert into `a` bumps `b`'s one counter from a trigger: a
-/// write pgmemo relays (into `a`) that changes a table it cannot attribute the write to (`b`).
-async fn trigger_tables(pg: &TempPostgres) {
-    pg.psql(
-        "CREATE TABLE a (id int PRIMARY KEY);
-         CREATE TABLE b (id int PRIMARY KEY, n int);
-         INSERT INTO b VALUES (1, 0);
-         CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN UPDATE b SET n = n + 1; RETURN NEW; END $$;
-         CREATE TRIGGER a_bumps_b AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION bump();",
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn a_trigger_fired_by_a_write_through_pgmemo_invalidates_another_table() {
     trigger_write_is_seen(PoolMode::Session).await;
@@ -191,7 +177,7 @@ async fn a_trigger_fired_by_a_write_through_pgmemo_invalidates_another_table_in_
 /// back to show it.)
 async fn trigger_write_is_seen(mode: PoolMode) {
     let pg = cluster().await;
-    trigger_tables(&pg).await;
+    cache_support::trigger_tables(&pg).await;
     let memo = pgmemo_in(&pg, Invalidation::Replication, mode).await;
     let c = memo.client("postgres", "postgres").await;
     let reader = memo.client("postgres", "postgres").await;
@@ -254,7 +240,7 @@ async fn the_writer_reads_its_trigger_writes_while_the_feed_is_held_back_in_tran
 /// commit. Once the sender runs again the others see it too.
 async fn writer_bypasses_until_the_feed_catches_up(mode: PoolMode) {
     let pg = cluster().await;
-    trigger_tables(&pg).await;
+    cache_support::trigger_tables(&pg).await;
     let memo = pgmemo_in(&pg, Invalidation::Replication, mode).await;
     let writer = memo.client("postgres", "postgres").await;
     let reader = memo.client("postgres", "postgres").await;

@@ -196,9 +196,9 @@ pub async fn login(
     Ok((route, lease, conn))
 }
 
-/// `step` of opening a server connection, within what is left of `server_connect_timeout`
-/// (the server answering the startup message and the authentication exchange count too: a
-/// server that accepts and then says nothing must not hold a login).
+/// `step` of opening a server connection (authentication, the rest of the startup), within
+/// `server_connect_timeout` of its own: a server that accepts and then says nothing must not
+/// hold a login.
 async fn bounded<T>(
     timeout: std::time::Duration,
     step: impl std::future::Future<Output = Result<T, ServerError>>,

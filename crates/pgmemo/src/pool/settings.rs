@@ -221,6 +221,14 @@ pub fn set_raw_sql(name: &str, value: &str) -> String {
     )
 }
 
+/// A replay from [`set_raw_sql`] as a statement of a PL/pgSQL block (`PERFORM`, so that it
+/// returns no rows): `None` for anything else.
+pub fn set_raw_in_block(replay: &str) -> Option<String> {
+    replay
+        .strip_prefix("SELECT pg_catalog.set_config(")
+        .map(|args| format!("PERFORM pg_catalog.set_config({args};"))
+}
+
 /// The statement that replays `SET name TO values`.
 pub fn set_sql(name: &str, values: &str) -> String {
     format!("SET {name} TO {values}")
@@ -289,6 +297,16 @@ pub fn parse_options(options: &str) -> Option<Vec<(String, String)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_replay_runs_in_a_block() {
+        let replay = set_raw_sql("search_path", "a, 'b'");
+        assert_eq!(
+            set_raw_in_block(&replay).as_deref(),
+            Some("PERFORM pg_catalog.set_config('search_path', 'a, ''b''', false);")
+        );
+        assert_eq!(set_raw_in_block(&set_sql("work_mem", "'8MB'")), None);
+    }
 
     fn set(name: &str, value: &str) -> TrackedChange {
         TrackedChange {

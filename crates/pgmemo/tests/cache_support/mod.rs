@@ -847,6 +847,20 @@ pub async fn row_limited_and_unkeyed_executions_are_refused(
     }
 }
 
+/// Tables `a` and `b` where each insert into `a` bumps `b`'s one counter from a trigger: a
+/// write pgmemo relays (into `a`) that changes a table it cannot attribute the write to (`b`).
+pub async fn trigger_tables(pg: &TempPostgres) {
+    pg.psql(
+        "CREATE TABLE a (id int PRIMARY KEY);
+         CREATE TABLE b (id int PRIMARY KEY, n int);
+         INSERT INTO b VALUES (1, 0);
+         CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN UPDATE b SET n = n + 1; RETURN NEW; END $$;
+         CREATE TRIGGER a_bumps_b AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION bump();",
+    )
+    .await;
+}
+
 /// A slow cacheable read: `slow(x)` is declared IMMUTABLE and sleeps 0.6 s. Creates it.
 pub async fn create_slow_function(pg: &TempPostgres) {
     pg.psql(
@@ -951,23 +965,23 @@ pub async fn a_commit_that_chains_invalidates_at_once(memo: &PgmemoInstance, dir
             );
         }
     };
-    cached(1).await;
-    writer
-        .batch_execute("BEGIN; UPDATE t SET v = 'chained' WHERE id = 1; COMMIT AND CHAIN")
-        .await
-        .unwrap();
-    fresh(1).await;
-    writer.batch_execute("ROLLBACK").await.unwrap();
-    fresh(1).await;
-    // COMMIT, then a new block, in one Query.
-    cached(2).await;
-    writer
-        .batch_execute("BEGIN; UPDATE t SET v = 'next' WHERE id = 2; COMMIT; BEGIN")
-        .await
-        .unwrap();
-    fresh(2).await;
-    writer.batch_execute("ROLLBACK").await.unwrap();
-    fresh(2).await;
+    for (id, chain) in [
+        (
+            1,
+            "BEGIN; UPDATE t SET v = 'chained' WHERE id = 1; COMMIT AND CHAIN",
+        ),
+        // COMMIT, then a new block, in one Query.
+        (
+            2,
+            "BEGIN; UPDATE t SET v = 'next' WHERE id = 2; COMMIT; BEGIN",
+        ),
+    ] {
+        cached(id).await;
+        writer.batch_execute(chain).await.unwrap();
+        fresh(id).await;
+        writer.batch_execute("ROLLBACK").await.unwrap();
+        fresh(id).await;
+    }
     // AND CHAIN keeps REPEATABLE READ: what the chained transaction reads from its snapshot
     // is never stored (here, after another session's write through pgmemo).
     writer
@@ -997,14 +1011,9 @@ pub async fn hidden_and_indirect_writes_invalidate_what_they_change(
     pg: &TempPostgres,
     direct: &Client,
 ) {
+    trigger_tables(pg).await;
     pg.psql(
-        "CREATE TABLE a (id int PRIMARY KEY);
-         CREATE TABLE b (id int PRIMARY KEY, n int);
-         INSERT INTO b VALUES (1, 0);
-         CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS
-           $$ BEGIN UPDATE b SET n = n + 1; RETURN NEW; END $$;
-         CREATE TRIGGER a_bumps_b AFTER INSERT ON a FOR EACH ROW EXECUTE FUNCTION bump();
-         CREATE TABLE r1 (id int);
+        "CREATE TABLE r1 (id int);
          CREATE TABLE r2 (n int);
          INSERT INTO r2 VALUES (0);
          CREATE RULE r1_bumps_r2 AS ON INSERT TO r1 DO ALSO UPDATE r2 SET n = n + 1;

@@ -475,9 +475,11 @@ impl Requests<'_> {
     {
         let text = &frame[5..frame.len().saturating_sub(1)];
         // A Query drops the unnamed statement, answered here or by the server; when it is
-        // answered here the server still has it, so a Close goes first if it is used again.
-        self.session.forget(b"");
-        self.session.unnamed_behind = Some(close_unnamed());
+        // answered here the server may still have one, so a Close goes first if the client
+        // uses it again (nothing to close when the client never had one).
+        let had_unnamed = self.session.statements.remove(&b""[..]).is_some()
+            || self.session.unnamed_behind.is_some();
+        self.session.unnamed_behind = had_unnamed.then(close_unnamed);
         let at_boundary = self.st.at_boundary();
         if at_boundary && self.needs_catch_up() {
             Box::pin(self.catch_up(server)).await?;

@@ -11,7 +11,9 @@ use sql::{SetCommand, StatementInfo, StatementKind};
 use wire::ErrorResponse;
 
 use crate::hash::Map;
-use crate::pool::settings::{quote_literal, set_sql, ClientSettings, SettingChange, TrackedChange};
+use crate::pool::settings::{
+    quote_literal, set_raw_in_block, set_sql, ClientSettings, SettingChange, TrackedChange,
+};
 use crate::pool::{
     ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
     StatementSource,
@@ -371,11 +373,6 @@ fn reset_to_startup(
     set: &SetCommand,
     settings: &ClientSettings,
 ) -> Option<(Outcome, Option<String>)> {
-    let replay = |sql: &str| {
-        // `SELECT pg_catalog.set_config(...)` as a statement of the block.
-        sql.strip_prefix("SELECT ")
-            .map(|call| format!("PERFORM {call};"))
-    };
     let (changes, body, tag) = match set {
         SetCommand::Default { local: false, name } | SetCommand::Reset { name } => {
             let (_, sql) = settings.startup().find(|(n, _)| *n == name)?;
@@ -388,7 +385,7 @@ fn reset_to_startup(
             } else {
                 "SET"
             };
-            (vec![change], replay(sql)?, tag)
+            (vec![change], set_raw_in_block(sql)?, tag)
         }
         SetCommand::ResetAll => {
             let mut changes = vec![TrackedChange {
@@ -397,7 +394,7 @@ fn reset_to_startup(
             }];
             let mut body = String::from("RESET ALL;");
             for (name, sql) in settings.startup() {
-                body.push_str(&replay(sql)?);
+                body.push_str(&set_raw_in_block(sql)?);
                 changes.push(TrackedChange {
                     change: SettingChange::Set(name.clone(), sql.clone()),
                     real: true,

@@ -306,7 +306,7 @@ pub async fn run(
 
 /// Reads back from the server the settings a ROLLBACK TO SAVEPOINT may have undone before
 /// the transaction committed, and makes their values the client's own. The server's settings
-/// are unknown since then, so it is brought in line before its next use anyway.
+/// are unknown since that ROLLBACK, so it is brought in line before its next use anyway.
 async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
     let names = std::mem::take(&mut state.verify);
     let columns: Vec<String> = names
@@ -314,7 +314,7 @@ async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
         .map(|n| format!("pg_catalog.current_setting({})", quote_literal(n)))
         .collect();
     let sql = format!("SELECT {}", columns.join(", "));
-    server.session.settings.unknown = true;
+    debug_assert!(server.session.settings.unknown, "set at the ROLLBACK");
     match server.query_text_rows(&sql).await {
         Ok(rows) => {
             let Some(row) = rows.first() else { return };
