@@ -4,6 +4,8 @@
 //! clients, and Terminate. pgmemo must answer as PostgreSQL does (a FATAL error with the right
 //! SQLSTATE, then close), never leak a server connection, and keep serving everyone else.
 
+mod raw;
+
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -731,6 +733,87 @@ async fn unknown_message_type_after_login() {
         })
         .await;
         assert_eq!(v, Some(5));
+    })
+    .await
+}
+
+/// pgmemo in either pool mode with the cache on and storing every cacheable miss.
+async fn caching_pgmemo(mode: pgmemo::config::PoolMode) -> PgmemoInstance {
+    pgmemo_with(|c| {
+        c.pool_mode = mode;
+        c.cache = pgmemo::config::Switch::On;
+        c.cache_admission = pgmemo::config::CacheAdmission::Always;
+        c.invalidation = pgmemo::config::Invalidation::Proxy;
+    })
+    .await
+}
+
+const POOL_MODES: [pgmemo::config::PoolMode; 2] = [
+    pgmemo::config::PoolMode::Session,
+    pgmemo::config::PoolMode::Transaction,
+];
+
+/// A Query whose text is not a string (no terminator, or no body at all) gets PostgreSQL's
+/// own answer, an ERROR "invalid string in message" after which the session goes on. It is
+/// not a cache lookup of the bytes it does have: `SELECT 12` cut before its terminator is
+/// not `SELECT 1`.
+#[tokio::test]
+async fn a_query_that_is_not_a_string_gets_postgresqls_answer() {
+    within(TEST_DEADLINE, async {
+        for mode in POOL_MODES {
+            let pg = caching_pgmemo(mode).await;
+            let mut raw = Raw::login(pg.addr()).await;
+            for _ in 0..3 {
+                assert_eq!(raw.query_value("SELECT 1").await, "1", "{mode:?}");
+            }
+            for bad in [&b"Q\0\0\0\x0dSELECT 12"[..], b"Q\0\0\0\x04"] {
+                raw.send(bad).await;
+                match raw.expect_message().await {
+                    BackendMessage::ErrorResponse(e) => {
+                        assert_eq!(e.severity, "ERROR", "{mode:?} {bad:?}: {e}");
+                        assert_eq!(e.code, "08P01", "{mode:?} {bad:?}: {e}");
+                        assert!(e.message.contains("invalid string"), "{e}");
+                    }
+                    other => panic!("{mode:?} {bad:?}: expected an error, got {other:?}"),
+                }
+                assert!(matches!(
+                    raw.expect_message().await,
+                    BackendMessage::ReadyForQuery(TransactionStatus::Idle)
+                ));
+                assert_eq!(raw.query_value("SELECT 1").await, "1", "{mode:?}");
+            }
+            serves_others(&pg).await;
+        }
+    })
+    .await
+}
+
+/// A malformed message header behind a well-formed one in an extended-protocol batch ends
+/// the session with a protocol error at once, in both pool modes with the cache on: pgmemo
+/// neither waits for the rest of a batch that can never be whole nor keeps what follows.
+#[tokio::test]
+async fn a_malformed_header_inside_a_batch_is_reported_at_once() {
+    within(TEST_DEADLINE, async {
+        for mode in POOL_MODES {
+            for bad in [&b"S\0\0\0\0"[..], b"E\xff\xff\xff\xff"] {
+                let pg = caching_pgmemo(mode).await;
+                let mut raw = Raw::login(pg.addr()).await;
+                let mut batch = raw::parse("SELECT 1", &[]);
+                batch.extend_from_slice(&raw::bind(&[]));
+                batch.extend_from_slice(bad);
+                batch.extend_from_slice(&[b'x'; 64]);
+                raw.send(&batch).await;
+                let mut error = None;
+                while let Some(m) = raw.recv().await {
+                    if let BackendMessage::ErrorResponse(e) = m {
+                        error = Some(e);
+                    }
+                }
+                let e = error.unwrap_or_else(|| panic!("{mode:?} {bad:?}: no error"));
+                assert_eq!(e.code, "08P01", "{mode:?} {bad:?}: {e}");
+                serves_others(&pg).await;
+            }
+        }
     })
     .await
 }

@@ -79,6 +79,19 @@ pub struct Frame {
     raw: Bytes,
 }
 
+/// Most a buffer grows ahead of the bytes that arrived, on a frame header's word alone.
+const RESERVE_AHEAD: usize = 64 * 1024;
+
+/// Makes room in `buf` toward `total` bytes (a frame whose header arrived): at most as much
+/// again as `buf` holds, and at least [`RESERVE_AHEAD`]. A header may claim up to the size
+/// limit; reserving all of it at once would let a peer that sends only headers make pgmemo
+/// allocate that much per connection. Growing with what actually arrives still reads a large
+/// frame in few reallocations (the room at least doubles each time).
+pub fn reserve_toward(buf: &mut BytesMut, total: usize) {
+    let missing = total.saturating_sub(buf.len());
+    buf.reserve(missing.min(buf.len().max(RESERVE_AHEAD)));
+}
+
 impl Frame {
     /// Splits one complete frame off the front of `buf`, or returns `Ok(None)` when it has not
     /// fully arrived yet.
@@ -88,7 +101,7 @@ impl Frame {
                 raw: buf.split_to(h.frame_len).freeze(),
             })),
             Some(h) => {
-                buf.reserve(h.frame_len - buf.len());
+                reserve_toward(buf, h.frame_len);
                 Ok(None)
             }
             None => Ok(None),
@@ -141,6 +154,29 @@ mod tests {
         assert_eq!(f.body(), b"I");
         assert_eq!(&buf[..], b"Q\0\0");
         assert_eq!(Frame::decode(&mut buf, 1024).unwrap(), None);
+    }
+
+    #[test]
+    fn a_large_header_alone_reserves_little() {
+        // A header claiming 200 MB reserves tens of kilobytes, not the whole frame.
+        let mut buf = BytesMut::from(&b"Q\x0b\xeb\xc2\x00"[..]);
+        assert_eq!(Frame::decode(&mut buf, 256 << 20).unwrap(), None);
+        assert!(buf.capacity() <= 128 * 1024, "{}", buf.capacity());
+        // As bytes arrive the room keeps growing, at least doubling.
+        let mut buf = BytesMut::with_capacity(0);
+        buf.resize(1 << 20, 0);
+        let before = buf.capacity();
+        reserve_toward(&mut buf, 200 << 20);
+        assert!(
+            buf.capacity() >= 2 * before,
+            "{before} -> {}",
+            buf.capacity()
+        );
+        // Nothing is reserved for a frame that is all there.
+        let mut buf = BytesMut::from(&b"Z\0\0\0\x05I"[..]);
+        let cap = buf.capacity();
+        reserve_toward(&mut buf, 6);
+        assert_eq!(buf.capacity(), cap);
     }
 
     #[test]

@@ -37,11 +37,16 @@ pub struct Effect {
     pub commit_time: Option<i64>,
 }
 
+/// A transaction's written tables are first made distinct at this many entries.
+const MIN_DISTINCT_AT: usize = 1024;
+
 /// Follows one stream from its start position.
 #[derive(Debug, Clone)]
 pub struct Consumer {
     in_transaction: bool,
     written: Vec<u32>,
+    /// `written`'s length at which it is next made distinct (see `note_written`).
+    distinct_at: usize,
     ddl: bool,
     received: Lsn,
     applied: Lsn,
@@ -54,6 +59,7 @@ impl Consumer {
         Consumer {
             in_transaction: false,
             written: Vec::new(),
+            distinct_at: MIN_DISTINCT_AT,
             ddl: false,
             received: start,
             applied: start,
@@ -92,12 +98,30 @@ impl Consumer {
         }
     }
 
+    /// Adds the tables a change wrote to the transaction's. A bulk UPDATE sends one change
+    /// per row, mostly of the same table: a repeat of the last table is skipped, and the list
+    /// is made distinct again whenever it doubles, so it stays about as long as the number of
+    /// tables rather than of rows.
+    fn note_written(&mut self, oids: &[u32]) {
+        for &oid in oids {
+            if self.written.last() != Some(&oid) {
+                self.written.push(oid);
+            }
+        }
+        if self.written.len() >= self.distinct_at {
+            self.written.sort_unstable();
+            self.written.dedup();
+            self.distinct_at = (2 * self.written.len()).max(MIN_DISTINCT_AT);
+        }
+    }
+
     fn on_logical(&mut self, msg: LogicalMessage) -> Result<Effect, wire::WireError> {
         let mut effect = Effect::default();
         match &msg {
             LogicalMessage::Begin(_) => {
                 self.in_transaction = true;
                 self.written.clear();
+                self.distinct_at = MIN_DISTINCT_AT;
                 self.ddl = false;
             }
             LogicalMessage::Commit(c) => {
@@ -130,7 +154,7 @@ impl Consumer {
                 let written = other.written_relations();
                 if !written.is_empty() {
                     if self.in_transaction {
-                        self.written.extend_from_slice(written);
+                        self.note_written(written);
                     } else {
                         // pgoutput only sends changes inside Begin..Commit; be safe anyway.
                         effect.invalidate = written.to_vec();
@@ -232,6 +256,19 @@ mod tests {
             .and_then(|_| c.on_message(xlog(commit(220), 220)))
             .unwrap();
         assert!(e.invalidate.is_empty(), "a new transaction starts empty");
+    }
+
+    #[test]
+    fn a_bulk_write_keeps_a_list_as_long_as_its_tables() {
+        let mut c = Consumer::new(Lsn(100));
+        c.on_message(xlog(begin(), 110)).unwrap();
+        // A million rows over three tables, interleaved as a trigger would write them.
+        for row in 0..1_000_000u32 {
+            c.on_message(xlog(insert(16384 + row % 3), 120)).unwrap();
+            assert!(c.written.len() < 2 * MIN_DISTINCT_AT, "row {row}");
+        }
+        let e = c.on_message(xlog(commit(200), 200)).unwrap();
+        assert_eq!(e.invalidate, vec![16384, 16385, 16386]);
     }
 
     #[test]

@@ -63,12 +63,14 @@ pub(crate) enum Batch {
 pub(crate) fn scan_batch(buf: &[u8], max: usize) -> Batch {
     let mut pos = 0;
     loop {
-        let Ok(Some(h)) = FrameHeader::peek(&buf[pos..], max) else {
-            return if pos < MAX_BATCH {
-                Batch::Incomplete
-            } else {
-                Batch::Other
-            };
+        let h = match FrameHeader::peek(&buf[pos..], max) {
+            Ok(Some(h)) => h,
+            Ok(None) if pos < MAX_BATCH => return Batch::Incomplete,
+            Ok(None) => return Batch::Other,
+            // A malformed header later in the batch: the messages before it go on one by
+            // one, and the bad one is reported when it is reached. Waiting for more bytes
+            // would wait for ever, buffering whatever the client sends.
+            Err(_) => return Batch::Other,
         };
         if !matches!(h.tag, b'P' | b'B' | b'D' | b'E' | b'C' | b'S') {
             return Batch::Other;
@@ -351,6 +353,22 @@ mod tests {
         let mut frames = Vec::new();
         split_frames(&bytes, &mut frames);
         (bytes, frames)
+    }
+
+    #[test]
+    fn a_malformed_header_inside_a_batch_is_not_waited_for() {
+        let bind = bind("", &[]);
+        for bad in [&b"S\0\0\0\0"[..], b"E\xff\xff\xff\xff", b"E\x7f\0\0\0"] {
+            let bytes = [&bind[..], bad, &[0u8; 100][..]].concat();
+            assert!(
+                matches!(scan_batch(&bytes, 1 << 20), Batch::Other),
+                "{bad:?}"
+            );
+        }
+        let sync = msg(b'S', b"");
+        let whole = [bind.clone(), sync].concat();
+        assert!(matches!(scan_batch(&whole, 1 << 20), Batch::Complete(n) if n == whole.len()));
+        assert!(matches!(scan_batch(&bind, 1 << 20), Batch::Incomplete));
     }
 
     #[test]

@@ -473,7 +473,12 @@ impl Requests<'_> {
         CW: AsyncWrite + Unpin,
         SW: AsyncWrite + Unpin,
     {
-        let text = &frame[5..frame.len().saturating_sub(1)];
+        let Some(text) = frame.get(5..).and_then(|body| body.strip_suffix(b"\0")) else {
+            // Not a string: PostgreSQL answers "invalid string in message" and the session
+            // goes on, so the server gets it as it is (nothing is looked up, nothing changes).
+            self.request_sent(Effects::default(), Action::Forward, true, Vec::new());
+            return send(server, &frame).await;
+        };
         // A Query drops the unnamed statement, answered here or by the server; when it is
         // answered here the server may still have one, so a Close goes first if the client
         // uses it again (nothing to close when the client never had one).

@@ -87,6 +87,11 @@ where
                 };
                 let tag = header.tag;
                 let len = header.frame_len;
+                if tag == b'Z' && len != 6 {
+                    return Err(PumpError::Protocol(wire::WireError::Malformed(
+                        "ReadyForQuery of the wrong length",
+                    )));
+                }
                 let internal = matches!(
                     flight.directive.as_ref().map(|d| &d.action),
                     Some(Action::Internal(_))
@@ -174,7 +179,7 @@ where
                     }
                     b'S' => link.context_stale.store(true, Ordering::Relaxed),
                     b'C' if &frame[5..] == b"COMMIT\0" => flight.committed = true,
-                    b'Z' if len == 6 => {
+                    b'Z' => {
                         // Directives made for this request after its response had begun (its
                         // Sync came after a Flush-driven answer started) join the one in use.
                         while let Some(late) = link.take(done) {

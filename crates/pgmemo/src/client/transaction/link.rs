@@ -289,53 +289,158 @@ impl Link<'_> {
 /// Copies of the client's messages of the current batch, in one reused buffer: keeping the
 /// received frames themselves would pin the session's read buffer, which then has to be
 /// reallocated for every request.
+///
+/// The copies are kept only to replay a batch once (a statement's plan went stale), and only
+/// up to [`BatchLog::MAX_BYTES`] or [`BatchLog::MAX_FRAMES`]: a client that streams messages
+/// without a Sync would otherwise make pgmemo keep everything it sent. Past either limit the
+/// batch is no longer replayable; what else is asked of the log (how many messages, whether
+/// one was an Execute, the last one's type) is kept for any length.
 #[derive(Default)]
 pub struct BatchLog {
     bytes: bytes::BytesMut,
-    frames: Vec<(u8, std::ops::Range<usize>)>,
+    frames: Vec<std::ops::Range<usize>>,
+    /// Messages recorded, including those past the limits.
+    count: usize,
+    /// The position of the batch's first Execute.
+    first_execute: Option<usize>,
+    last_tag: Option<u8>,
+    /// The batch went past the limits: `bytes` and `frames` no longer hold it.
+    overflowed: bool,
 }
 
 impl BatchLog {
-    /// Starts a new batch.
+    /// Most bytes of messages kept for a replay.
+    pub const MAX_BYTES: usize = 1 << 20;
+    /// Most messages kept for a replay.
+    pub const MAX_FRAMES: usize = 4096;
+
+    /// Starts a new batch. A buffer grown past the limit by one large message is let go.
     pub fn clear(&mut self) {
+        if self.bytes.capacity() > Self::MAX_BYTES {
+            self.bytes = bytes::BytesMut::new();
+        }
         self.bytes.clear();
         self.frames.clear();
+        self.count = 0;
+        self.first_execute = None;
+        self.last_tag = None;
+        self.overflowed = false;
     }
 
     /// Records one message.
     #[inline]
     pub fn push(&mut self, frame: &wire::Frame) {
+        let tag = frame.tag();
+        if tag == wire::frontend::tag::EXECUTE && self.first_execute.is_none() {
+            self.first_execute = Some(self.count);
+        }
+        self.count += 1;
+        self.last_tag = Some(tag);
+        if self.overflowed {
+            return;
+        }
+        let raw = frame.raw();
+        if self.bytes.len() + raw.len() > Self::MAX_BYTES || self.frames.len() >= Self::MAX_FRAMES {
+            self.overflowed = true;
+            self.bytes.clear();
+            self.frames.clear();
+            return;
+        }
         let start = self.bytes.len();
-        self.bytes.extend_from_slice(frame.raw());
-        self.frames.push((frame.tag(), start..self.bytes.len()));
+        self.bytes.extend_from_slice(raw);
+        self.frames.push(start..self.bytes.len());
     }
 
     /// Messages recorded.
     pub fn len(&self) -> usize {
-        self.frames.len()
+        self.count
     }
 
-    /// Message types of the messages before `n`.
-    pub fn tags_before(&self, n: usize) -> impl Iterator<Item = u8> + '_ {
-        self.frames[..n.min(self.frames.len())].iter().map(|f| f.0)
+    /// Whether one of the messages before `n` was an Execute.
+    pub fn executed_before(&self, n: usize) -> bool {
+        self.first_execute.is_some_and(|i| i < n)
     }
 
     /// The type of the last message.
     pub fn last_tag(&self) -> Option<u8> {
-        self.frames.last().map(|f| f.0)
+        self.last_tag
     }
 
-    /// Removes and returns the messages from `n` on.
+    /// Whether the messages are all kept, so the batch can be replayed.
+    pub fn replayable(&self) -> bool {
+        !self.overflowed
+    }
+
+    /// Removes and returns the messages from `n` on (a replayable batch's).
     pub fn split_off(&mut self, n: usize) -> Vec<wire::Frame> {
+        debug_assert!(self.replayable());
         let n = n.min(self.frames.len());
         let frames = self
             .frames
             .split_off(n)
             .into_iter()
-            .map(|(_, range)| wire::Frame::from_raw(Bytes::copy_from_slice(&self.bytes[range])))
+            .map(|range| wire::Frame::from_raw(Bytes::copy_from_slice(&self.bytes[range])))
             .collect();
-        let end = self.frames.last().map_or(0, |f| f.1.end);
+        let end = self.frames.last().map_or(0, |f| f.end);
         self.bytes.truncate(end);
+        self.count = self.frames.len();
+        if self.first_execute.is_some_and(|i| i >= self.count) {
+            self.first_execute = None;
+        }
+        self.last_tag = None;
         frames
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(tag: u8, body_len: usize) -> wire::Frame {
+        let mut raw = vec![tag];
+        raw.extend_from_slice(&((body_len + 4) as u32).to_be_bytes());
+        raw.resize(5 + body_len, 0);
+        wire::Frame::from_raw(Bytes::from(raw))
+    }
+
+    #[test]
+    fn a_batch_is_kept_for_a_replay() {
+        let mut log = BatchLog::default();
+        log.push(&frame(b'P', 20));
+        log.push(&frame(b'B', 10));
+        log.push(&frame(b'E', 9));
+        log.push(&frame(b'S', 0));
+        assert!(log.replayable());
+        assert_eq!(log.len(), 4);
+        assert!(!log.executed_before(2) && log.executed_before(3));
+        let replay = log.split_off(1);
+        assert_eq!(replay.len(), 3);
+        assert_eq!(replay[1].tag(), b'E');
+        assert_eq!(log.len(), 1);
+        assert!(!log.executed_before(1), "the Execute went with the replay");
+    }
+
+    #[test]
+    fn a_batch_without_end_is_not_kept_whole() {
+        let mut log = BatchLog::default();
+        // A client streaming Binds and Executes without a Sync.
+        for _ in 0..1000 {
+            log.push(&frame(b'B', 64 * 1024));
+            log.push(&frame(b'E', 9));
+        }
+        assert!(!log.replayable());
+        assert!(log.bytes.capacity() <= 2 * BatchLog::MAX_BYTES);
+        assert_eq!(log.len(), 2000);
+        assert!(log.executed_before(2));
+        assert_eq!(log.last_tag(), Some(b'E'));
+        // Many small messages count too.
+        log.clear();
+        for _ in 0..=BatchLog::MAX_FRAMES {
+            log.push(&frame(b'H', 0));
+        }
+        assert!(!log.replayable());
+        assert!(log.frames.capacity() <= 2 * BatchLog::MAX_FRAMES);
+        log.clear();
+        assert!(log.replayable() && log.len() == 0);
     }
 }

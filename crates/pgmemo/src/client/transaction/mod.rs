@@ -382,7 +382,7 @@ async fn wait_for_request(
                 return Err(End::ClientTerminated)
             }
             Ok(Some(h)) if client.buf.len() >= h.frame_len => return Ok(()),
-            Ok(Some(h)) => client.buf.reserve(h.frame_len - client.buf.len()),
+            Ok(Some(h)) => wire::frame::reserve_toward(&mut client.buf, h.frame_len),
             Ok(None) => {}
         }
         refill_position(&mut client.buf);
@@ -793,9 +793,7 @@ impl Pumps<'_, '_> {
                         return None;
                     }
                 }
-                if processed.need > server_buf.len() {
-                    server_buf.reserve(processed.need - server_buf.len());
-                }
+                wire::frame::reserve_toward(server_buf, processed.need);
             }
             refill_position(server_buf);
             refill_position(client_buf);
@@ -992,9 +990,7 @@ impl Pumps<'_, '_> {
             {
                 return Ok(());
             }
-            if processed.need > buf.len() {
-                buf.reserve(processed.need - buf.len());
-            }
+            wire::frame::reserve_toward(buf, processed.need);
             refill_position(buf);
             let idle = self.opts.idle_timeout;
             let timer = async {

@@ -109,8 +109,7 @@ pub fn translate(
                 let max_rows = Execute::max_rows_of(frame.body())?;
                 let first = !link
                     .batch
-                    .tags_before(link.batch.len().saturating_sub(1))
-                    .any(|t| t == frontend::tag::EXECUTE);
+                    .executed_before(link.batch.len().saturating_sub(1));
                 cache.executed(portal, max_rows, first);
             }
             out.extend_from_slice(frame.raw());

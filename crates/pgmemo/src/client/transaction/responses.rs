@@ -473,11 +473,9 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
         .iter()
         .position(|e| e.expect == Expect::Sync)
         .is_some_and(|i| i + 1 == link.queue.len());
-    let ran_before = link
-        .batch
-        .tags_before(from)
-        .any(|t| t == wire::frontend::tag::EXECUTE);
+    let ran_before = link.batch.executed_before(from);
     let retry = !link.retried
+        && link.batch.replayable()
         && link.client.status == TransactionStatus::Idle
         && sync_is_last
         && !ran_before

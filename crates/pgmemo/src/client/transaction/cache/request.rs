@@ -81,7 +81,8 @@ impl TxnCache {
         tail.clear();
         match header.tag {
             b'Q' => {
-                let text = buf.get(5..header.frame_len.checked_sub(1)?)?;
+                // Not a string (no terminator): the server reports it, as it would directly.
+                let text = buf.get(5..header.frame_len)?.strip_suffix(b"\0")?;
                 tail.extend_from_slice(text);
                 Some(Request {
                     len: header.frame_len,
