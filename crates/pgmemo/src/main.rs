@@ -195,11 +195,15 @@ async fn run(sources: ConfigSources, config: pgmemo::Config) -> Result<()> {
     let mut term = listen_for(SignalKind::terminate())?;
     let mut int = listen_for(SignalKind::interrupt())?;
     let handle = Pgmemo::start(config).await.map_err(flat)?;
-    handle.set_reloader(admin_reloader(sources.clone(), log.clone()));
+    handle.set_reloader(admin_reloader(sources.clone()));
+    let filter = log.clone();
+    handle.set_log_applier(std::sync::Arc::new(move |level: &str| {
+        apply_log_level(level, &filter)
+    }));
     let stop = handle.stop_token();
     loop {
         tokio::select! {
-            _ = hup.recv() => reload(&sources, &handle, &log),
+            _ = hup.recv() => reload(&sources, &handle),
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
             _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
             _ = stop.cancelled() => { tracing::info!("shutdown requested"); break; }
@@ -228,31 +232,23 @@ fn listen_for(kind: SignalKind) -> Result<Signal> {
         .with_context(|| format!("cannot install handler for signal {}", kind.as_raw_value()))
 }
 
-/// SIGHUP: load the same sources again; a bad configuration is logged and the running one kept.
-fn reload(sources: &ConfigSources, handle: &PgmemoHandle, log: &LogHandle) {
+/// SIGHUP: load the same sources again; a bad configuration is logged and the running one kept
+/// (the log filter too: it follows only an accepted configuration).
+fn reload(sources: &ConfigSources, handle: &PgmemoHandle) {
     tracing::info!("SIGHUP: reloading configuration");
-    let new = match config::load(sources) {
-        Ok(new) => new,
-        Err(e) => {
-            tracing::error!("keeping the running configuration: {e}");
-            return;
-        }
-    };
-    let level = new.log_level.clone();
-    if let Err(e) = handle.reload(new) {
+    let result = config::load(sources)
+        .map_err(|e| e.to_string())
+        .and_then(|new| handle.reload(new));
+    if let Err(e) = result {
         tracing::error!("keeping the running configuration: {e}");
-        return;
     }
-    apply_log_level(&level, log);
 }
 
-/// What the admin console's `RELOAD` runs: the same sources as SIGHUP, and the log filter.
-fn admin_reloader(sources: ConfigSources, log: LogHandle) -> pgmemo::shared::Reloader {
+/// What the admin console's `RELOAD` runs: the same sources as SIGHUP.
+fn admin_reloader(sources: ConfigSources) -> pgmemo::shared::Reloader {
     std::sync::Arc::new(move || {
         tracing::info!("RELOAD from the admin console");
-        let new = config::load(&sources).map_err(|e| e.to_string())?;
-        apply_log_level(&new.log_level, &log);
-        Ok(new)
+        config::load(&sources).map_err(|e| e.to_string())
     })
 }
 

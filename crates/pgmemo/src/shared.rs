@@ -22,6 +22,10 @@ use crate::tls::{ClientTls, UpstreamTls};
 /// `RELOAD` in the admin console; the binary installs one, tests may.
 pub type Reloader = std::sync::Arc<dyn Fn() -> Result<Config, String> + Send + Sync>;
 
+/// Switches the process's log filter to a configuration's `log_level`; the binary installs
+/// one (the filter is the binary's), run only once a reloaded configuration was accepted.
+pub type LogApplier = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Process-wide state shared by all sessions.
 pub struct Shared {
     config: ArcSwap<Config>,
@@ -48,6 +52,7 @@ pub struct Shared {
     /// Clients logged in now, for `SHOW CLIENTS`.
     pub clients: ClientRegistry,
     reloader: std::sync::Mutex<Option<Reloader>>,
+    log_applier: std::sync::Mutex<Option<LogApplier>>,
     /// Every client task, so shutdown can wait for them.
     pub sessions: TaskTracker,
     /// Cancelled when pgmemo stops accepting: idle sessions close, busy ones finish.
@@ -78,6 +83,7 @@ impl Shared {
             feeds: crate::invalidate::Feeds::default(),
             clients: ClientRegistry::default(),
             reloader: std::sync::Mutex::new(None),
+            log_applier: std::sync::Mutex::new(None),
             sessions: TaskTracker::new(),
             stop_accepting: CancellationToken::new(),
             terminate_sessions: CancellationToken::new(),
@@ -142,6 +148,7 @@ impl Shared {
         // memoized: new lists need new plans, and results stored under the old ones go.
         let lists_changed = new.cache_include_tables != old.cache_include_tables
             || new.cache_exclude_tables != old.cache_exclude_tables;
+        let log_level = new.log_level.clone();
         self.userlist.store(Arc::new(userlist));
         self.client_tls.store(Arc::new(client_tls));
         self.config.store(Arc::new(new));
@@ -150,8 +157,22 @@ impl Shared {
             self.cache.purge_all();
             tracing::info!("cache_include_tables or cache_exclude_tables changed: cache emptied");
         }
+        let applier = self
+            .log_applier
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(apply) = applier {
+            apply(&log_level);
+        }
         tracing::info!("configuration reloaded");
         Ok(())
+    }
+
+    /// Installs what applies `log_level` after a reload was accepted (a refused one changes
+    /// nothing, the log filter included).
+    pub fn set_log_applier(&self, applier: LogApplier) {
+        *self.log_applier.lock().unwrap_or_else(|e| e.into_inner()) = Some(applier);
     }
 
     /// Installs the function `RELOAD` uses to read the configuration again.

@@ -182,6 +182,44 @@ async fn reload_applies_the_configuration_source() {
     }
 }
 
+/// A configuration that cannot be applied (here an `auth_file` that does not exist) is
+/// refused as a whole: `RELOAD` reports the error, and neither the settings nor the log
+/// filter change. An accepted one switches the log filter to its `log_level`.
+#[tokio::test]
+async fn a_refused_reload_changes_nothing_not_even_the_log_level() {
+    let pg = cluster().await;
+    let base = pgmemo_config_for(pg.port());
+    let memo = spawn_pgmemo(base.clone()).await.unwrap();
+    let applied = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let record = applied.clone();
+    memo.handle().set_log_applier(Arc::new(move |level: &str| {
+        record.lock().unwrap().push(level.to_owned())
+    }));
+    let console = admin(&memo, "postgres").await.unwrap();
+    let mut bad = base.clone();
+    bad.pool_size = 7;
+    bad.log_level = "trace".to_owned();
+    bad.auth_type = pgmemo::config::AuthType::Md5;
+    bad.auth_file = Some("/nonexistent/pgmemo/userlist.txt".into());
+    memo.handle()
+        .set_reloader(Arc::new(move || Ok(bad.clone())));
+    let err = console.simple_query("RELOAD").await.unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::CONFIG_FILE_ERROR), "{err}");
+    let message = err.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains("userlist")),
+        "{message:?}"
+    );
+    assert_eq!(memo.handle().shared().config().pool_size, base.pool_size);
+    assert!(applied.lock().unwrap().is_empty(), "log filter changed");
+    let mut good = base.clone();
+    good.log_level = "debug".to_owned();
+    memo.handle()
+        .set_reloader(Arc::new(move || Ok(good.clone())));
+    console.simple_query("RELOAD").await.expect("RELOAD works");
+    assert_eq!(*applied.lock().unwrap(), ["debug"]);
+}
+
 /// The admin console checks a login's role on a pooled server. In transaction pooling that
 /// server goes back as it was: pgmemo tracks the statements it prepared there and the settings
 /// it replayed, and a reset query (`DISCARD ALL`) behind the tracking's back made the next

@@ -218,6 +218,11 @@ impl PgmemoHandle {
         self.shared.set_reloader(reloader);
     }
 
+    /// Installs what switches the log filter when a reload is accepted.
+    pub fn set_log_applier(&self, applier: crate::shared::LogApplier) {
+        self.shared.set_log_applier(applier);
+    }
+
     /// Applies a new configuration; settings marked "restart" in docs/configuration.md keep
     /// their old values (a warning names each one that differs).
     pub fn reload(&self, config: Config) -> Result<(), String> {
