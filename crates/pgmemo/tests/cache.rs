@@ -1146,3 +1146,10 @@ async fn a_read_pipelined_behind_a_write_in_a_block_sees_the_write() {
     let (_pg, memo, _direct) = setup().await;
     cache_support::a_read_pipelined_behind_a_write_in_a_block_sees_the_write(&memo).await;
 }
+
+#[tokio::test]
+async fn reads_a_block_may_not_serve_are_counted_by_reason() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    cache_support::reads_a_block_may_not_serve_are_counted_by_reason(&memo, &c).await;
+}

@@ -764,3 +764,13 @@ async fn row_limited_and_unkeyed_executions_are_refused() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn reads_a_block_may_not_serve_are_counted_by_reason() {
+    within(DEADLINE, async {
+        let (_pg, memo, _direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        cache_support::reads_a_block_may_not_serve_are_counted_by_reason(&memo, &c).await;
+    })
+    .await;
+}

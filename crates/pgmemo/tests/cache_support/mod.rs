@@ -134,6 +134,18 @@ pub async fn show_cache(memo: &PgmemoInstance, name: &str) -> u64 {
         .unwrap()
 }
 
+/// `SHOW CACHE`'s count of requests refused for `reason` (a reason not seen yet is not
+/// listed: 0).
+pub async fn refused(memo: &PgmemoInstance, reason: &str) -> u64 {
+    let name = format!("refused_{reason}");
+    admin_rows(memo, "SHOW CACHE")
+        .await
+        .into_iter()
+        .find(|r| r[0].as_deref() == Some(&name))
+        .and_then(|r| r[1].clone())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
 /// How both pool modes begin their transaction tests, on row 2 of [`setup_with`]'s table `t`:
 /// the read is cached; a transaction block that wrote reads its own write, not the cache; its
 /// ROLLBACK invalidates nothing, so after a direct write (which pgmemo cannot see) the cached
@@ -1242,5 +1254,65 @@ pub async fn a_query_drops_the_unnamed_statement_for_the_cache_too(
     assert_eq!(
         transcripts[1], transcripts[0],
         "through pgmemo, then directly"
+    );
+}
+
+/// A cacheable read inside a transaction block the cache may not serve is counted as
+/// refused under the block's reason, by the simple and the extended protocol alike:
+/// `snapshot_isolation` under REPEATABLE READ, whether the BEGIN asked for it or
+/// `default_transaction_isolation` did, and `transaction_wrote` after a write. `c` goes
+/// through pgmemo; table `t` of [`setup_with`].
+pub async fn reads_a_block_may_not_serve_are_counted_by_reason(memo: &PgmemoInstance, c: &Client) {
+    let sql = "SELECT v FROM t WHERE id = 2";
+    async fn both_protocols(c: &Client, sql: &str) {
+        first(c, sql).await;
+        c.query(sql, &[]).await.unwrap();
+    }
+    // Known outside a block first: planned and memoized.
+    for _ in 0..2 {
+        both_protocols(c, sql).await;
+    }
+    let snapshot = refused(memo, "snapshot_isolation").await;
+    c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    both_protocols(c, sql).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        refused(memo, "snapshot_isolation").await,
+        snapshot + 2,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ"
+    );
+    c.batch_execute("SET default_transaction_isolation = 'repeatable read'")
+        .await
+        .unwrap();
+    // An autocommit read makes the new settings known (transaction pooling reads them for
+    // a cacheable read between transactions; until then a block's reason is
+    // `settings_unknown`).
+    // (Session pooling stores such autocommit reads, transaction pooling refuses them too.)
+    both_protocols(c, sql).await;
+    let snapshot = refused(memo, "snapshot_isolation").await;
+    c.batch_execute("BEGIN").await.unwrap();
+    both_protocols(c, sql).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    c.batch_execute("RESET default_transaction_isolation")
+        .await
+        .unwrap();
+    assert_eq!(
+        refused(memo, "snapshot_isolation").await,
+        snapshot + 2,
+        "REPEATABLE READ by default_transaction_isolation"
+    );
+    let wrote = refused(memo, "transaction_wrote").await;
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute("UPDATE t SET v = v WHERE id = 1")
+        .await
+        .unwrap();
+    both_protocols(c, sql).await;
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        refused(memo, "transaction_wrote").await,
+        wrote + 2,
+        "a block that wrote"
     );
 }

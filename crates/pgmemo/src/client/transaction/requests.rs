@@ -110,7 +110,7 @@ pub fn translate(
                 let first = !link
                     .batch
                     .executed_before(link.batch.len().saturating_sub(1));
-                cache.executed(portal, max_rows, first);
+                cache.executed(portal, max_rows, first, link.client);
             }
             out.extend_from_slice(frame.raw());
             link.queue.push_back(entry);

@@ -114,8 +114,27 @@ impl TxnCache {
         state: &ClientState,
         settings_pending: bool,
     ) -> Effects {
-        self.portal_plan(text, statement, state, settings_pending)
-            .effects
+        let planned = self.portal_plan(text, statement, state, settings_pending);
+        if let Some(query) = &planned.read {
+            self.count_block_refusal(query, state);
+        }
+        planned.effects
+    }
+
+    /// Counts a cacheable read run inside a transaction block whose reads the cache may
+    /// not serve, under the block's reason (reads in a block it may serve are counted when
+    /// looked up). Nothing is counted between transactions: the lookup did.
+    fn count_block_refusal(
+        &self,
+        query: &Arc<crate::cache::stats::QueryStats>,
+        state: &ClientState,
+    ) {
+        if state.status == TransactionStatus::Idle {
+            return;
+        }
+        if let Err(r) = self.block_refusal(state) {
+            self.shared.cache.stats.refused_query(r, query);
+        }
     }
 
     /// [`Self::effects_of`], and the statement's counters when it is a cacheable read.
@@ -215,7 +234,14 @@ impl TxnCache {
     /// the unnamed portal, without a row limit). `max_rows`: the Execute's row limit;
     /// `first`: no Execute came before it in its batch (the first is counted once a second
     /// shows the batch is not keyed).
-    pub fn executed(&mut self, portal: &[u8], max_rows: i32, first: bool) {
+    pub fn executed(&mut self, portal: &[u8], max_rows: i32, first: bool, state: &ClientState) {
+        if state.status != TransactionStatus::Idle && self.block_refusal(state).is_err() {
+            self.first_execute = None;
+            if let Some(query) = self.portals.get(portal).and_then(|p| p.read.as_ref()) {
+                self.count_block_refusal(query, state);
+            }
+            return;
+        }
         let stats = &self.shared.cache.stats;
         if !first {
             if let Some(query) = self.first_execute.take() {

@@ -10,7 +10,7 @@ use wire::FrameHeader;
 
 use super::{refusal, Planned, TxnCache, BIND_COMPLETE, PARSE_AND_BIND_COMPLETE};
 use crate::cache::context::Context;
-use crate::cache::plan::Plan;
+use crate::cache::plan::{Plan, Refusal};
 use crate::cache::store::Described;
 use crate::client::cached::messages::{
     bind_has_time_word, bind_message, cacheable_shape, parse_message, scan_batch, short_batch,
@@ -394,11 +394,25 @@ impl TxnCache {
     /// block has not written, changed settings or run DDL, and runs under READ COMMITTED (the
     /// conditions under which session pooling serves reads in a block).
     fn block_may_hit(&self, state: &ClientState) -> bool {
+        self.block_refusal(state).is_ok()
+    }
+
+    /// Why reads in the client's transaction block may not be answered from the cache nor
+    /// stored (see [`Self::block_may_hit`]), with session pooling's reasons: a block that
+    /// wrote (or failed) is `TransactionWrote`, one under a snapshot `SnapshotIsolation`.
+    pub(super) fn block_refusal(&self, state: &ClientState) -> Result<(), Refusal> {
         let t = &self.txn;
-        !(t.writes_data() || t.settings || t.ddl || t.snapshot)
-            && self.usable().is_ok()
-            && self
-                .context(state)
-                .is_some_and(|c| !c.snapshot_by_default())
+        if state.status == TransactionStatus::Failed || t.writes_data() || t.ddl {
+            return Err(Refusal::TransactionWrote);
+        }
+        self.usable()?;
+        if t.settings {
+            return Err(Refusal::SettingsUnknown);
+        }
+        let context = self.context(state).ok_or(Refusal::SettingsUnknown)?;
+        if t.snapshot || context.snapshot_by_default() {
+            return Err(Refusal::SnapshotIsolation);
+        }
+        Ok(())
     }
 }
