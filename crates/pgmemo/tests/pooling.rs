@@ -882,3 +882,58 @@ async fn a_silent_upstream_fails_logins_after_server_connect_timeout() {
     );
     held.abort();
 }
+
+/// A server connection given back with bytes the server sent that nobody consumed (a client
+/// gone while its answer was being written to it) is closed, whichever way it goes back: the
+/// next client would get those bytes as the answer to its own first request, or, after a
+/// reset, the reset's answer.
+#[tokio::test]
+async fn a_connection_with_unconsumed_server_bytes_is_not_pooled() {
+    use pgmemo::pool::{PoolKey, Pools, ReleaseState, ServerConn, ServerCredential};
+    use wire::backend::TransactionStatus;
+    let key = PoolKey {
+        host: "127.0.0.1".into(),
+        port: LocalPostgres::PORT,
+        database: DB.into(),
+        user: USER.into(),
+    };
+    let pools = Pools::default();
+    let pool = pools.get(&key, 1);
+    let settings = pgmemo::pool::PoolSettings {
+        server_lifetime: Duration::from_secs(3600),
+        server_idle_timeout: Duration::from_secs(600),
+        server_check_delay: Duration::from_secs(30),
+        server_check_query: "SELECT 1".into(),
+        server_reset_query: "DISCARD ALL".into(),
+    };
+    for transaction_pooling in [true, false] {
+        let mut lease = pool.acquire(SOON).await.unwrap();
+        lease.reserve_new();
+        let startup = [
+            ("user".to_owned(), USER.to_owned()),
+            ("database".to_owned(), DB.to_owned()),
+        ];
+        let mut conn = ServerConn::open("127.0.0.1", LocalPostgres::PORT, None, &startup, 0)
+            .await
+            .unwrap();
+        conn.authenticate(USER, &ServerCredential::None)
+            .await
+            .unwrap();
+        conn.finish_startup().await.unwrap();
+        // An answer read from the socket but not relayed.
+        conn.read_buf
+            .extend_from_slice(b"C\0\0\0\x0dSELECT 1\0Z\0\0\0\x05I");
+        assert_eq!(pool.counts(), (0, 1));
+        if transaction_pooling {
+            lease.return_idle(conn, true);
+        } else {
+            lease.release(
+                conn,
+                ReleaseState::Boundary(TransactionStatus::Idle),
+                settings.clone(),
+            );
+        }
+        let what = format!("closed, not pooled (transaction pooling: {transaction_pooling})");
+        assert_eventually(SOON, &what, || async { pool.counts() == (0, 0) }).await;
+    }
+}

@@ -132,10 +132,19 @@ impl Lease {
         }
     }
 
-    /// Ends the lease. A connection at a boundary is reset (rolled back first when in a
-    /// transaction) in the background and becomes idle; the permit is held until then so the
-    /// pool never has more than `pool_size` connections. Anything else is closed.
+    /// Ends the lease. A connection at a boundary with nothing unread from the server is
+    /// reset (rolled back first when in a transaction) in the background and becomes idle;
+    /// the permit is held until then so the pool never has more than `pool_size`
+    /// connections. Anything else is closed.
     pub fn release(mut self, conn: Box<ServerConn>, state: ReleaseState, settings: PoolSettings) {
+        // Bytes the server sent that no one consumed (a client gone while its answer was
+        // being written): the reset would read them as its own answer, and the next client
+        // would get the reset's.
+        let state = if conn.read_buf.is_empty() {
+            state
+        } else {
+            ReleaseState::Dirty
+        };
         let pool = self.pool.clone();
         let permit = self.permit.take();
         self.counted = false;
@@ -157,10 +166,12 @@ impl Lease {
         });
     }
 
-    /// Ends a transaction-pooling lease: a connection idle at a boundary goes straight back
-    /// to the pool (its session state is tracked, not reset); anything else is closed.
+    /// Ends a transaction-pooling lease: a connection idle at a boundary, with nothing unread
+    /// from the server, goes straight back to the pool (its session state is tracked, not
+    /// reset); anything else is closed.
     pub fn return_idle(mut self, mut conn: Box<ServerConn>, at_boundary: bool) {
-        if !at_boundary || conn.status != TransactionStatus::Idle {
+        // Unconsumed server bytes (see `release`) would be the next client's first answer.
+        if !at_boundary || conn.status != TransactionStatus::Idle || !conn.read_buf.is_empty() {
             self.discard(conn);
             return;
         }
