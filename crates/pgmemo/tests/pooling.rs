@@ -937,3 +937,54 @@ async fn a_connection_with_unconsumed_server_bytes_is_not_pooled() {
         assert_eventually(SOON, &what, || async { pool.counts() == (0, 0) }).await;
     }
 }
+
+/// A client that stops reading in the middle of a large result blocks its session in a
+/// write that no signal can interrupt; shutdown still ends shortly after `shutdown_timeout`
+/// instead of waiting for that client for ever. Both pool modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_for_a_client_that_stopped_reading() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for mode in [
+        pgmemo::config::PoolMode::Session,
+        pgmemo::config::PoolMode::Transaction,
+    ] {
+        let pgmemo = local_pgmemo(2, |c| {
+            c.pool_mode = mode;
+            c.shutdown_timeout = seconds(Duration::from_secs(1));
+        })
+        .await;
+        let mut socket = tokio::net::TcpStream::connect(pgmemo.addr()).await.unwrap();
+        let startup = wire::startup::StartupMessage::encode([("user", USER), ("database", DB)]);
+        socket.write_all(&startup).await.unwrap();
+        // Read the login answer up to its ReadyForQuery, then ask for ~200 MB and read
+        // nothing more.
+        let mut seen = Vec::new();
+        while !seen.ends_with(b"Z\0\0\0\x05I") {
+            let mut chunk = [0u8; 4096];
+            let n = socket.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed during login");
+            seen.extend_from_slice(&chunk[..n]);
+        }
+        let sql = "SELECT repeat('x', 1000) FROM generate_series(1, 200000)";
+        socket.write_all(&wire::frontend::query(sql)).await.unwrap();
+        // The result is flowing once the server runs it.
+        let direct = LocalPostgres.client(USER, DB).await;
+        assert_eventually(SOON, "the query runs", || async {
+            direct
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT repeat(''x'', 1000)%'",
+                    &[],
+                )
+                .await
+                .map(|r| r.get::<_, i64>(0) == 1)
+                .unwrap_or(false)
+        })
+        .await;
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(8), pgmemo.shutdown())
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?}: shutdown waits for a client that does not read"));
+        assert!(started.elapsed() >= Duration::from_millis(900), "{mode:?}");
+        drop(socket);
+    }
+}

@@ -13,6 +13,9 @@ use crate::config::Config;
 use crate::net::{FastSocket, Peer};
 use crate::shared::Shared;
 
+/// How long sessions told to end at the shutdown timeout get to close before shutdown
+/// stops waiting for them.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// Why pgmemo could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -252,7 +255,17 @@ impl PgmemoHandle {
                 "shutdown timeout: closing remaining sessions"
             );
             shared.terminate_sessions.cancel();
-            shared.sessions.wait().await;
+            // A session writing to a client that does not read cannot notice; the process
+            // exiting closes its sockets.
+            if tokio::time::timeout(CLOSE_GRACE, shared.sessions.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    remaining = shared.sessions.len(),
+                    "sessions blocked writing to clients that do not read: left to the exit"
+                );
+            }
         }
         shared.feeds.stopped().await;
         shared.pools.close_all().await;
