@@ -904,6 +904,7 @@ async fn a_connection_with_unconsumed_server_bytes_is_not_pooled() {
         server_idle_timeout: Duration::from_secs(600),
         server_check_delay: Duration::from_secs(30),
         server_check_query: "SELECT 1".into(),
+        server_check_timeout: Duration::from_secs(5),
         server_reset_query: "DISCARD ALL".into(),
     };
     for transaction_pooling in [true, false] {
@@ -987,4 +988,46 @@ async fn shutdown_does_not_wait_for_a_client_that_stopped_reading() {
         assert!(started.elapsed() >= Duration::from_millis(900), "{mode:?}");
         drop(socket);
     }
+}
+
+/// Sends `signal` to a process by PID (`kill -SIG pid`).
+fn signal_process(pid: i32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Resumes a stopped backend however the test ends.
+struct Stopped(i32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal_process(self.0, "CONT");
+    }
+}
+
+/// A pooled connection whose backend hangs (here stopped with SIGSTOP: the socket stays
+/// open and silent, as behind a network partition) fails its health check after
+/// `server_connect_timeout` instead of holding the client until TCP gives up; the client's
+/// query runs on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_check_without_answer_closes_the_connection_in_time() {
+    let pgmemo = local_pgmemo(1, |c| {
+        c.pool_mode = pgmemo::config::PoolMode::Transaction;
+        c.server_check_delay = seconds(Duration::ZERO);
+        c.server_connect_timeout = seconds(Duration::from_secs(1));
+    })
+    .await;
+    let c = pgmemo.client(USER, DB).await;
+    let pid = backend_pid(&c).await;
+    let _stopped = Stopped(pid);
+    signal_process(pid, "STOP");
+    let started = Instant::now();
+    let other = tokio::time::timeout(SOON, backend_pid(&c))
+        .await
+        .expect("the health check of a hung server never gave up");
+    assert_ne!(other, pid, "a new connection serves the query");
+    assert!(started.elapsed() >= Duration::from_millis(900));
 }

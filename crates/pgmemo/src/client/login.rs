@@ -98,6 +98,7 @@ pub fn pool_settings(config: &Config) -> PoolSettings {
         server_idle_timeout: config.server_idle_timeout.0,
         server_check_delay: config.server_check_delay.0,
         server_check_query: config.server_check_query.clone(),
+        server_check_timeout: config.server_connect_timeout.0,
         server_reset_query: config.server_reset_query.clone(),
     }
 }

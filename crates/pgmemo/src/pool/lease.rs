@@ -78,9 +78,7 @@ impl Lease {
                     || settings.server_check_query.is_empty()
                     // Rare (idle longer than server_check_delay): boxed, so that the
                     // query's future is not part of every checkout's.
-                    || Box::pin(conn.simple_query(&settings.server_check_query))
-                        .await
-                        .is_ok());
+                    || Box::pin(check(&mut conn, settings)).await);
             if healthy && conn.status == TransactionStatus::Idle {
                 conn.set_state(super::ServerState::Active, now);
                 return Some(conn);
@@ -198,6 +196,21 @@ impl Drop for Lease {
         self.discard_counted();
         if let Some(permit) = self.permit.take() {
             self.pool.give_back(permit);
+        }
+    }
+}
+
+/// Runs the health check, within `server_check_timeout`.
+async fn check(conn: &mut ServerConn, settings: &PoolSettings) -> bool {
+    let query = conn.simple_query(&settings.server_check_query);
+    match tokio::time::timeout(settings.server_check_timeout, query).await {
+        Ok(result) => result.is_ok(),
+        Err(_) => {
+            tracing::warn!(
+                timeout = ?settings.server_check_timeout,
+                "server health check got no answer; closing the connection"
+            );
+            false
         }
     }
 }

@@ -56,6 +56,9 @@ pub struct PoolSettings {
     pub server_idle_timeout: Duration,
     pub server_check_delay: Duration,
     pub server_check_query: String,
+    /// How long the health check may take: a server that does not answer in time (a hung
+    /// backend, a silent network) is closed, and the client gets another connection.
+    pub server_check_timeout: Duration,
     pub server_reset_query: String,
 }
 
