@@ -740,3 +740,41 @@ async fn a_postgres_restart_under_load_serves_nothing_stale_and_recovers() {
         memo.shutdown().await;
     }
 }
+
+/// A stream that goes silent without ending (here its walsender is stopped with SIGSTOP: the
+/// connection stays open, as behind a network partition) is taken for lost within about ten
+/// seconds: the gate closes, so a direct write is never answered from the cache, and a new
+/// stream goes live.
+#[tokio::test]
+async fn a_silent_stream_closes_the_gate_and_is_replaced() {
+    let pg = cluster().await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 2";
+    let slot = wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("two"));
+    let pid = first(&direct, "SELECT pid FROM pg_stat_replication")
+        .await
+        .expect("a walsender");
+    let _stopped = Stopped::process(pid.parse().unwrap());
+    assert_eventually(Duration::from_secs(20), "the gate closes", || async {
+        feed(&memo).is_some_and(|f| f.state() != FeedState::Live)
+    })
+    .await;
+    assert!(
+        feed(&memo)
+            .and_then(|f| f.last_error())
+            .is_some_and(|e| e.contains("said nothing")),
+        "{:?}",
+        feed(&memo).and_then(|f| f.last_error())
+    );
+    direct
+        .batch_execute("UPDATE t SET v = 'dos' WHERE id = 2")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("dos"), "stale read");
+    wait_live(&memo, Some(&slot)).await;
+    assert_eq!(first(&c, q).await.as_deref(), Some("dos"));
+    memo.shutdown().await;
+}

@@ -46,6 +46,8 @@ pub enum FeedError {
     Protocol(#[from] wire::WireError),
     #[error("the server ended the replication stream")]
     StreamEnded,
+    #[error("the replication stream said nothing for {0:?}, though asked to every second")]
+    Silent(std::time::Duration),
     #[error("unexpected answer to {command}: {detail}")]
     Unexpected {
         command: &'static str,

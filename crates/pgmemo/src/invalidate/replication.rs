@@ -32,6 +32,11 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A status update goes out at least this often, even when nothing happens.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// A stream that says nothing for this long is taken for lost (a network that went silent,
+/// a walsender that hangs): the gate closes and a new stream is made. Every status update asks
+/// the server for an answer, so a live stream is never silent for more than about
+/// `STATUS_INTERVAL`, however quiet the database.
+const SILENCE_LIMIT: Duration = Duration::from_secs(10);
 /// After a commit or keepalive, the acknowledgement waits this long for more to batch.
 const ACK_DELAY: Duration = Duration::from_millis(20);
 
@@ -127,6 +132,7 @@ async fn consume(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ack_due: Option<Instant> = None;
     let mut acked = start;
+    let mut heard = Instant::now();
     loop {
         let frame = tokio::select! {
             biased;
@@ -135,17 +141,21 @@ async fn consume(
                 return Ok(());
             }
             _ = tick.tick() => {
-                acked = send_status(conn, &consumer).await?;
+                if heard.elapsed() >= SILENCE_LIMIT {
+                    return Err(FeedError::Silent(SILENCE_LIMIT));
+                }
+                acked = send_status(conn, &consumer, true).await?;
                 ack_due = None;
                 continue;
             }
             _ = sleep_until(ack_due) => {
-                acked = send_status(conn, &consumer).await?;
+                acked = send_status(conn, &consumer, false).await?;
                 ack_due = None;
                 continue;
             }
             frame = conn.read_frame() => frame?,
         };
+        heard = Instant::now();
         let payload = match BackendMessage::decode(frame)? {
             BackendMessage::CopyData(payload) => payload,
             BackendMessage::ErrorResponse(e) => {
@@ -172,7 +182,7 @@ async fn consume(
         let effect = consumer.on_message(msg)?;
         apply(shared, status, &effect);
         if effect.reply_now {
-            acked = send_status(conn, &consumer).await?;
+            acked = send_status(conn, &consumer, false).await?;
             ack_due = None;
         } else if consumer.applied() > acked && ack_due.is_none() {
             ack_due = Some(Instant::now() + ACK_DELAY);
@@ -219,14 +229,19 @@ fn apply(shared: &Shared, status: &FeedStatus, effect: &Effect) {
 }
 
 /// Tells the server how far the stream has been applied; returns the position acknowledged.
-async fn send_status(conn: &mut ServerConn, consumer: &Consumer) -> Result<Lsn, FeedError> {
+/// `ask`: the server answers at once with a keepalive (the stream's proof of life).
+async fn send_status(
+    conn: &mut ServerConn,
+    consumer: &Consumer,
+    ask: bool,
+) -> Result<Lsn, FeedError> {
     let applied = consumer.applied();
     let update = StandbyStatusUpdate {
         written: consumer.received().max(applied),
         flushed: applied,
         applied,
         client_time: wire::replication::system_to_pg_time(std::time::SystemTime::now()),
-        reply_requested: false,
+        reply_requested: ask,
     };
     let mut out = BytesMut::new();
     update.encode(&mut out);
