@@ -968,12 +968,12 @@ async fn shutdown_does_not_wait_for_a_client_that_stopped_reading() {
         }
         let sql = "SELECT repeat('x', 1000) FROM generate_series(1, 200000)";
         socket.write_all(&wire::frontend::query(sql)).await.unwrap();
-        // The result is flowing once the server runs it.
+        // The server waits for pgmemo to take more: pgmemo's writes to the client block.
         let direct = LocalPostgres.client(USER, DB).await;
-        assert_eventually(SOON, "the query runs", || async {
+        assert_eventually(SOON, "the result fills every buffer", || async {
             direct
                 .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT repeat(''x'', 1000)%'",
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT repeat(''x'', 1000)%' AND wait_event = 'ClientWrite'",
                     &[],
                 )
                 .await

@@ -152,7 +152,8 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
     drop(registration);
 
     let settings = pool_settings(&shared.config());
-    tell_why_session_ends(&mut client, &end, &shared).await;
+    // The server goes back before the client is told anything: a client that does not read
+    // must not hold it.
     match &end {
         End::ServerGone { .. } => lease.discard(server),
         _ => {
@@ -165,6 +166,7 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
             lease.release(server, state, settings);
         }
     }
+    tell_why_session_ends(&mut client, &end, &shared).await;
     tracing::info!(
         %peer, %user, database = %route.client_database,
         duration_ms = started.elapsed().as_millis() as u64,
@@ -176,6 +178,14 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
 /// Tells the client why its session ends, when pgmemo (not the server) has something to say:
 /// the server vanished without a FATAL of its own, shutdown, or a protocol violation.
 async fn tell_why_session_ends(client: &mut ClientConn, end: &End, shared: &Shared) {
+    // Best effort: a client that does not read gets no longer than this.
+    let _ = tokio::time::timeout(FAREWELL_TIMEOUT, farewell(client, end, shared)).await;
+}
+
+/// How long a session's last words to its client may take.
+const FAREWELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn farewell(client: &mut ClientConn, end: &End, shared: &Shared) {
     match end {
         End::ServerGone {
             fatal_forwarded: false,

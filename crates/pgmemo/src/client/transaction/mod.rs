@@ -868,8 +868,13 @@ impl Pumps<'_, '_> {
                     "terminating connection due to idle-in-transaction timeout",
                 )
                 .with_detail("pgmemo's idle_transaction_timeout was reached.");
-                let _ = cw.write_all(&err.encode()).await;
-                let _ = cw.flush().await;
+                // Best effort, while the server is still held: a client that does not read
+                // gets a second.
+                let farewell = async {
+                    cw.write_all(&err.encode()).await?;
+                    cw.flush().await
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(1), farewell).await;
                 End::ClientGone(None)
             }
         }
