@@ -134,6 +134,35 @@ async fn non_superusers_are_refused_with_42501() {
     client.simple_query("SELECT 1").await.unwrap();
 }
 
+/// The superuser check cannot be fooled by the role's own search_path: a `pg_roles` view in
+/// a schema searched before pg_catalog that claims the role is a superuser changes nothing.
+#[tokio::test]
+async fn a_role_cannot_fake_being_a_superuser_with_its_search_path() {
+    let pg = cluster().await;
+    pg.psql(
+        "CREATE SCHEMA evil AUTHORIZATION plain_user; \
+         CREATE VIEW evil.pg_roles AS SELECT true AS rolsuper, name 'plain_user' AS rolname; \
+         ALTER VIEW evil.pg_roles OWNER TO plain_user; \
+         ALTER ROLE plain_user SET search_path = evil, pg_catalog;",
+    )
+    .await;
+    let memo = spawn_pgmemo(pgmemo_config_for(pg.port())).await.unwrap();
+    // The view is what the role sees.
+    let client = memo.client("plain_user", "postgres").await;
+    let faked = client
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(faked.get::<_, bool>(0));
+    let Err(err) = admin(&memo, "plain_user").await else {
+        panic!("plain_user got into the console with a pg_roles view of its own")
+    };
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{err}");
+}
+
 #[tokio::test]
 async fn admin_users_replaces_the_superuser_rule() {
     let pg = cluster().await;

@@ -120,7 +120,13 @@ async fn authorize(
 /// Whether `role` (the connection's own role when `None`) is a superuser on the server.
 async fn is_superuser(server: &mut ServerConn, role: Option<&str>) -> bool {
     let role = role.map_or_else(|| "current_user".to_owned(), quote_literal);
-    let sql = format!("SELECT rolsuper FROM pg_roles WHERE rolname = {role}");
+    // Every name qualified: the check runs in a session whose search_path the client may
+    // have chosen (ALTER ROLE ... SET search_path, startup options), where an unqualified
+    // `pg_roles` or `=` could be the client's own view or operator.
+    let sql = format!(
+        "SELECT r.rolsuper FROM pg_catalog.pg_roles r \
+         WHERE r.rolname OPERATOR(pg_catalog.=) {role}::pg_catalog.name"
+    );
     match server.query_text_rows(&sql).await {
         Ok(rows) => rows
             .first()
