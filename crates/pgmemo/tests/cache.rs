@@ -1153,3 +1153,10 @@ async fn reads_a_block_may_not_serve_are_counted_by_reason() {
     let c = memo.client("postgres", "postgres").await;
     cache_support::reads_a_block_may_not_serve_are_counted_by_reason(&memo, &c).await;
 }
+
+#[tokio::test]
+async fn a_copy_of_a_write_invalidates_what_it_wrote() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    cache_support::a_copy_of_a_write_invalidates_what_it_wrote(&memo, &c).await;
+}

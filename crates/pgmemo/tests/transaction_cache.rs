@@ -774,3 +774,13 @@ async fn reads_a_block_may_not_serve_are_counted_by_reason() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_copy_of_a_write_invalidates_what_it_wrote() {
+    within(DEADLINE, async {
+        let (_pg, memo, _direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        cache_support::a_copy_of_a_write_invalidates_what_it_wrote(&memo, &c).await;
+    })
+    .await;
+}

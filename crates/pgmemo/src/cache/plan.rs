@@ -248,7 +248,8 @@ pub fn needs_catalog(statements: &[StatementInfo]) -> bool {
         !s.functions.is_empty()
             || ((!s.operators.is_empty() || !s.casts.is_empty()) && is_query(s))
             || (!s.reads.is_empty() && is_query(s))
-            || (!s.writes.is_empty() && is_dml(&s.kind))
+            || (!s.writes.is_empty()
+                && (is_dml(&s.kind) || matches!(s.kind, StatementKind::Copy { from: false, .. })))
     })
 }
 
@@ -416,8 +417,13 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         | StatementKind::Vacuum
         | StatementKind::Analyze
         | StatementKind::Lock
-        | StatementKind::Checkpoint
-        | StatementKind::Copy { from: false, .. } => {}
+        | StatementKind::Checkpoint => {}
+        // COPY (UPDATE ... RETURNING ...) TO STDOUT writes like the DML it wraps.
+        StatementKind::Copy { from: false, .. } => {
+            if !s.writes.is_empty() {
+                e.merge(&dml_effects(s, inputs));
+            }
+        }
         StatementKind::Select
         | StatementKind::Values
         | StatementKind::DeclareCursor { .. }

@@ -1316,3 +1316,46 @@ pub async fn reads_a_block_may_not_serve_are_counted_by_reason(memo: &PgmemoInst
         "a block that wrote"
     );
 }
+
+/// `COPY (UPDATE ... RETURNING ...) TO STDOUT` writes like the UPDATE it wraps: through
+/// pgmemo it invalidates what it changed, and a read after it in the same block is not stored
+/// (the block wrote). `c` goes through pgmemo; table `t` of [`setup_with`].
+pub async fn a_copy_of_a_write_invalidates_what_it_wrote(memo: &PgmemoInstance, c: &Client) {
+    use futures_util::StreamExt;
+    async fn copy_out(c: &Client, sql: &str) -> usize {
+        let stream = c
+            .copy_out(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut stream = std::pin::pin!(stream);
+        let mut bytes = 0;
+        while let Some(chunk) = stream.next().await {
+            bytes += chunk.unwrap().len();
+        }
+        bytes
+    }
+    let q = "SELECT v FROM t WHERE id = 1";
+    let before = first(c, q).await;
+    let hits = memo.handle().shared().cache.stats.hits();
+    assert_eq!(first(c, q).await, before);
+    assert_eq!(first(c, q).await, before);
+    assert!(memo.handle().shared().cache.stats.hits() > hits, "cached");
+    copy_out(
+        c,
+        "COPY (UPDATE t SET v = 'copied' WHERE id = 1 RETURNING id) TO STDOUT",
+    )
+    .await;
+    assert_eq!(first(c, q).await.as_deref(), Some("copied"), "invalidated");
+    // In a block: the read after the COPY is not stored, the ROLLBACK undoes the delete.
+    c.batch_execute("BEGIN").await.unwrap();
+    copy_out(
+        c,
+        "COPY (DELETE FROM t WHERE id = 1 RETURNING id) TO STDOUT",
+    )
+    .await;
+    assert_eq!(first(c, q).await, None, "the block sees its delete");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(first(c, q).await.as_deref(), Some("copied"), "rolled back");
+    }
+}
