@@ -32,6 +32,10 @@ pub const KEY_SETTINGS: &[&str] = &[
     "xmlbinary",
     "timezone_abbreviations",
     "default_transaction_isolation",
+    // Read by quote_ident (immutable) and every identifier PostgreSQL quotes in output.
+    "quote_all_identifiers",
+    // A GIN index scan returns a random subset of at most this many rows.
+    "gin_fuzzy_search_limit",
 ];
 
 /// The query that reads a session's context: roles first, then [`KEY_SETTINGS`] in order, then

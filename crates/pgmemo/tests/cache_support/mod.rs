@@ -1144,6 +1144,10 @@ pub async fn results_follow_the_session(memo: &PgmemoInstance, pg: &TempPostgres
             "SET IntervalStyle = 'sql_standard'",
             "SELECT ts - ts FROM t WHERE id = 1",
         ),
+        (
+            "SET quote_all_identifiers = on",
+            "SELECT quote_ident(v) FROM t WHERE id = 1",
+        ),
     ];
     for (set, read) in cases {
         let hits = show_cache(memo, "hits").await;
