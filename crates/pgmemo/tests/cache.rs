@@ -160,8 +160,9 @@ async fn reads_that_must_not_be_cached_are_not() {
     assert!(served_from_cache(&c, &direct, "SELECT upper(v) FROM t WHERE id = 1").await);
 }
 
-/// `sql` is answered fresh after a direct write (not served from the cache), and EXPLAIN CACHE
-/// gives `reason` for it.
+/// `sql` is answered fresh after a direct write (not served from the cache), SHOW QUERIES
+/// gives `reason` as its shape's last refusal, and so does EXPLAIN CACHE unless the statement
+/// dropped the memoized plans (one that runs user code may have run DDL).
 async fn assert_refused(
     memo: &PgmemoInstance,
     c: &Client,
@@ -171,11 +172,20 @@ async fn assert_refused(
 ) {
     assert!(!served_from_cache(c, direct, sql).await, "{sql} was cached");
     let explained = admin_rows(memo, &format!("EXPLAIN CACHE {sql}")).await;
-    assert_eq!(
-        explained[0][4].as_deref(),
-        Some(reason),
-        "{sql}: {explained:?}"
-    );
+    let shape = explained[0][8].clone();
+    let queries = admin_rows(memo, "SHOW QUERIES").await;
+    let row = queries
+        .iter()
+        .find(|r| r[0] == shape)
+        .unwrap_or_else(|| panic!("{sql}: no {shape:?} in {queries:?}"));
+    assert_eq!(row[6].as_deref(), Some(reason), "{sql}: {row:?}");
+    if explained[0][3].as_deref() != Some("unknown") {
+        assert_eq!(
+            explained[0][4].as_deref(),
+            Some(reason),
+            "{sql}: {explained:?}"
+        );
+    }
 }
 
 /// Operators are function calls: a user-defined one over a volatile or stable function keeps
@@ -1159,4 +1169,47 @@ async fn a_copy_of_a_write_invalidates_what_it_wrote() {
     let (_pg, memo, _direct) = setup().await;
     let c = memo.client("postgres", "postgres").await;
     cache_support::a_copy_of_a_write_invalidates_what_it_wrote(&memo, &c).await;
+}
+
+/// DDL run where pgmemo cannot see it (inside `DO`) drops the memoized plans too: here it
+/// enables row security on a table whose reads were planned as cacheable, with a policy on a
+/// custom setting that is not part of the key. Each tenant then gets its own rows, never
+/// another tenant's result cached under the old plan.
+#[tokio::test]
+async fn ddl_inside_do_drops_the_memoized_plans() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE docs (id int PRIMARY KEY, tenant int, v text); \
+         INSERT INTO docs VALUES (1, 1, 'one''s'), (2, 2, 'two''s'); \
+         CREATE ROLE app LOGIN; GRANT SELECT ON docs TO app;",
+    )
+    .await;
+    let app = memo.client("app", "postgres").await;
+    let q = "SELECT v FROM docs WHERE id = 1";
+    for _ in 0..3 {
+        assert_eq!(first(&app, q).await.as_deref(), Some("one's"));
+    }
+    let owner = memo.client("postgres", "postgres").await;
+    owner
+        .batch_execute(
+            "DO $$BEGIN \
+               ALTER TABLE docs ENABLE ROW LEVEL SECURITY; \
+               CREATE POLICY by_tenant ON docs \
+                 USING (tenant = current_setting('app.tenant')::int); \
+             END$$",
+        )
+        .await
+        .unwrap();
+    app.batch_execute("SET app.tenant = '1'").await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(first(&app, q).await.as_deref(), Some("one's"), "tenant 1");
+    }
+    app.batch_execute("SET app.tenant = '2'").await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            first(&app, q).await,
+            None,
+            "tenant 2 sees no row of tenant 1"
+        );
+    }
 }

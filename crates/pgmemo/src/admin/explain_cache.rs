@@ -109,7 +109,7 @@ fn row(
     if !e.writes.is_empty() {
         inv.push(format!("tables {:?}", e.writes));
     }
-    if e.ddl {
+    if e.ddl || e.hidden_settings {
         inv.push("memoized plans".to_owned());
     }
     if e.settings {

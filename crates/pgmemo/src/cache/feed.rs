@@ -3,7 +3,7 @@
 //! The feed (see `crate::invalidate`) opens the gate once its stream is connected and caught
 //! up, after flushing what was cached before, and closes it the moment the stream is lost.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use super::catalog::first_value;
 use super::planner::Catalog;
@@ -50,6 +50,9 @@ pub struct FeedGate {
     state: AtomicU8,
     /// WAL position up to which the stream's invalidations have been applied.
     applied_lsn: AtomicU64,
+    /// The stream carries DDL (pgmemo's event trigger is installed): DDL run anywhere,
+    /// inside `DO` or functions too, reaches the cache through it.
+    sees_ddl: AtomicBool,
 }
 
 impl FeedGate {
@@ -72,6 +75,16 @@ impl FeedGate {
     /// Sets the state (the feed task does).
     pub fn set(&self, state: FeedState) {
         self.state.store(state as u8, Ordering::Release);
+    }
+
+    /// Records whether the live stream carries DDL (the feed task does).
+    pub fn set_sees_ddl(&self, sees: bool) {
+        self.sees_ddl.store(sees, Ordering::Release);
+    }
+
+    /// Whether DDL made anywhere reaches the cache through a live stream.
+    pub fn sees_ddl(&self) -> bool {
+        self.state() == FeedState::Live && self.sees_ddl.load(Ordering::Acquire)
     }
 
     /// Notes that every commit up to `lsn` has been applied.

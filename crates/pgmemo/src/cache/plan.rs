@@ -402,8 +402,10 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
             );
         }
         StatementKind::Transaction(TransactionCommand::Rollback { .. }) => e.rollback = true,
+        // The prepared transaction may have run anything, DDL included.
         StatementKind::Transaction(TransactionCommand::CommitPrepared { .. }) => {
             e.database_wide = true;
+            e.ddl = true;
         }
         StatementKind::Transaction(_)
         | StatementKind::Show { .. }

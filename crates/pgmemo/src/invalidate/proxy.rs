@@ -15,7 +15,12 @@ pub fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) -> bool {
     tracing::debug!(effects = ?e, "applying committed effects");
     let stats = &shared.cache.stats;
     let mut left_to_feed = false;
-    if e.ddl {
+    // DDL, or user code pgmemo cannot see into (DO, CALL, a volatile user-defined function)
+    // that may have run some: what a memoized plan says of a statement (cacheable, its
+    // tables, row security, the volatility of its functions) may no longer hold. Built-in
+    // volatile functions (random(), nextval()) run no DDL and keep the plans, and so does
+    // such code when a live stream carries DDL: what it ran arrives there.
+    if e.ddl || (e.hidden_settings && !db.feed.sees_ddl()) {
         db.forget_plans();
     }
     if e.database_wide {

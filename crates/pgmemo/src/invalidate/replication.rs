@@ -113,6 +113,7 @@ async fn stream(
         .fetch_add(1, Ordering::Relaxed);
     upstream::start_replication(&mut conn, &slot, start, &status.publication, messages).await?;
     db.feed.applied(start.0);
+    db.feed.set_sees_ddl(messages);
     db.feed.set(FeedState::Live);
     *went_live = true;
     tracing::info!(database = %db.name, slot = %slot, start = %start, "replication feed live");
