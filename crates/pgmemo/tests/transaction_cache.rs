@@ -784,3 +784,48 @@ async fn a_copy_of_a_write_invalidates_what_it_wrote() {
     })
     .await;
 }
+
+/// A statement is planned with its client's settings even when the one server it gets was
+/// last used by a client with another search_path: here the plan of B's new statement was
+/// made with A's search_path, named A's table, and so a write to B's own table left B's
+/// cached result in place.
+#[tokio::test]
+async fn statements_are_planned_with_their_clients_search_path() {
+    within(DEADLINE, async {
+        let (pg, memo, _direct) = setup(1).await;
+        pg.psql(
+            "CREATE SCHEMA a; CREATE TABLE a.t (id int PRIMARY KEY, v text); \
+             INSERT INTO a.t VALUES (1, 'a-one'); \
+             CREATE SCHEMA b; CREATE TABLE b.t (id int PRIMARY KEY, v text); \
+             INSERT INTO b.t VALUES (1, 'b-one');",
+        )
+        .await;
+        let a = memo.client("postgres", "postgres").await;
+        let b = memo.client("postgres", "postgres").await;
+        a.batch_execute("SET search_path = a").await.unwrap();
+        b.batch_execute("SET search_path = b").await.unwrap();
+        // Both contexts known.
+        assert_eq!(
+            first(&a, "SELECT v FROM t WHERE id = 1").await.as_deref(),
+            Some("a-one")
+        );
+        assert_eq!(
+            first(&b, "SELECT v FROM t WHERE id = 1").await.as_deref(),
+            Some("b-one")
+        );
+        // The server runs with A's settings again.
+        a.batch_execute("SELECT v, random() FROM t WHERE id = 1")
+            .await
+            .unwrap();
+        // A statement new to B, planned now.
+        let q = "SELECT v || '' FROM t WHERE id = 1";
+        for _ in 0..3 {
+            assert_eq!(first(&b, q).await.as_deref(), Some("b-one"));
+        }
+        b.batch_execute("UPDATE t SET v = 'b-two' WHERE id = 1")
+            .await
+            .unwrap();
+        assert_eq!(first(&b, q).await.as_deref(), Some("b-two"), "stale");
+    })
+    .await;
+}

@@ -191,6 +191,11 @@ impl TxnCache {
         let Some(context) = self.context(state).cloned() else {
             return;
         };
+        // As the client's statements ran: with its settings (code it ran may have changed
+        // the server's since).
+        if super::sync_server(server, state).await.is_err() {
+            return;
+        }
         let epoch = self.plans_epoch();
         let planning = self.planning(Some(&context), epoch);
         let mut catalog = ServerCatalog(server);

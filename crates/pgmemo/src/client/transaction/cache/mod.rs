@@ -385,6 +385,9 @@ impl TxnCache {
             Some(p) => (Arc::clone(&p.plan), p.time_literal),
             None => {
                 let text: Arc<str> = Self::text(&request, buf, state)?.into();
+                // The catalog resolves names with the server's search_path: the client's,
+                // not whatever the server's last client left.
+                sync_server(server, state).await.ok()?;
                 let planning = self.planning(Some(&context), epoch);
                 let mut catalog = ServerCatalog(server);
                 let (plan, time_literal) = planner::plan(&planning, &text, Some(&mut catalog))
@@ -468,12 +471,7 @@ impl TxnCache {
         server: &mut ServerConn,
         state: &ClientState,
     ) -> Result<(), ServerError> {
-        if let Some(sql) = sync_sql(&state.settings, &mut server.session.settings) {
-            if let Err(e) = server.simple_query(&sql).await {
-                server.session.settings.unknown = true;
-                return Err(e);
-            }
-        }
+        sync_server(server, state).await?;
         if self.context(state).is_none() {
             self.shared
                 .cache
@@ -510,6 +508,21 @@ fn refusal(
     }
     if time_literal {
         return Err(Refusal::TimeLiteral);
+    }
+    Ok(())
+}
+
+/// Brings the server's settings in line with the client's before pgmemo asks the server
+/// anything on the client's behalf (its context, the catalog for its statements).
+pub(super) async fn sync_server(
+    server: &mut ServerConn,
+    state: &ClientState,
+) -> Result<(), ServerError> {
+    if let Some(sql) = sync_sql(&state.settings, &mut server.session.settings) {
+        if let Err(e) = server.simple_query(&sql).await {
+            server.session.settings.unknown = true;
+            return Err(e);
+        }
     }
     Ok(())
 }
