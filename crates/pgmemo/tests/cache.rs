@@ -1213,3 +1213,29 @@ async fn ddl_inside_do_drops_the_memoized_plans() {
         );
     }
 }
+
+/// A user-defined operator in a schema whose name needs quotes (`"Audit"`) is found by its
+/// unqualified name through the search_path, and its volatile function keeps its reads out
+/// of the cache.
+#[tokio::test]
+async fn operators_of_a_schema_whose_name_needs_quotes_are_checked() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        r#"CREATE SCHEMA "Audit";
+           CREATE FUNCTION "Audit".log_eq(int, int) RETURNS bool VOLATILE LANGUAGE sql AS 'SELECT $1 = $2';
+           CREATE OPERATOR "Audit".=== (LEFTARG = int, RIGHTARG = int, FUNCTION = "Audit".log_eq);"#,
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    for client in [&c, &direct] {
+        client
+            .batch_execute(r#"SET search_path = "Audit", public"#)
+            .await
+            .unwrap();
+    }
+    let sql = "SELECT v FROM t WHERE id === 1";
+    assert!(
+        !served_from_cache(&c, &direct, sql).await,
+        "{sql} was cached"
+    );
+}

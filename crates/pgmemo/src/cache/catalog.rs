@@ -183,12 +183,12 @@ SELECT 'r', d.i, d.oid::int8, d.how, c.relkind::text, c.relpersistence::text, c.
 UNION ALL SELECT 'u', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM roots WHERE oid IS NULL
 UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM names WHERE nsp IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname = names.rel AND c.relpersistence = 't')
 UNION ALL SELECT 'p', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname = f.fn
-  AND ((f.nsp IS NULL AND p.pronamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
+  AND ((f.nsp IS NULL AND p.pronamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
 UNION ALL SELECT 'o', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname = f.op AND o.oid >= 16384
-  AND ((f.nsp IS NULL AND o.oprnamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR o.oprnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
+  AND ((f.nsp IS NULL AND o.oprnamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR o.oprnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
   JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
 UNION ALL SELECT 'c', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM tnames f JOIN pg_catalog.pg_type t ON t.typname = f.typ
-  AND ((f.nsp IS NULL AND t.typnamespace::regnamespace::text = ANY (pg_catalog.current_schemas(true)::text[])) OR t.typnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
+  AND ((f.nsp IS NULL AND t.typnamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR t.typnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
   JOIN pg_catalog.pg_proc p ON p.oid IN (SELECT c.castfunc FROM pg_catalog.pg_cast c WHERE c.casttarget = t.oid AND c.oid >= 16384 UNION ALL SELECT t.typinput::oid WHERE t.typinput::oid >= 16384)"#;
 
 /// A row of the lookup's answer, as text columns (NULL as `None`).
