@@ -1239,3 +1239,25 @@ async fn operators_of_a_schema_whose_name_needs_quotes_are_checked() {
         "{sql} was cached"
     );
 }
+
+/// A user-defined aggregate is as volatile as the worst of its support functions (PostgreSQL
+/// records every aggregate as immutable): one whose transition function is volatile keeps
+/// its reads out of the cache.
+#[tokio::test]
+async fn aggregates_take_the_volatility_of_their_functions() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE FUNCTION keep_last(text, text) RETURNS text VOLATILE LANGUAGE sql AS 'SELECT $2';
+         CREATE AGGREGATE last_of(text) (sfunc = keep_last, stype = text);",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    assert_refused(
+        &memo,
+        &c,
+        &direct,
+        "SELECT last_of(v) FROM t WHERE id = 1",
+        "volatile_function",
+    )
+    .await;
+}

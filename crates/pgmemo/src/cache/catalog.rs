@@ -182,7 +182,10 @@ SELECT 'r', d.i, d.oid::int8, d.how, c.relkind::text, c.relpersistence::text, c.
   FROM deps d JOIN pg_catalog.pg_class c ON c.oid = d.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 UNION ALL SELECT 'u', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM roots WHERE oid IS NULL
 UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM names WHERE nsp IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname = names.rel AND c.relpersistence = 't')
-UNION ALL SELECT 'p', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname = f.fn
+UNION ALL SELECT 'p', f.i, p.oid::int8, CASE WHEN p.prokind = 'a' THEN (
+    SELECT CASE WHEN bool_or(sp.provolatile = 'v') THEN 'v' WHEN bool_or(sp.provolatile = 's') THEN 's' ELSE 'i' END
+    FROM pg_catalog.pg_aggregate a JOIN pg_catalog.pg_proc sp ON sp.oid = p.oid OR sp.oid IN (a.aggtransfn, a.aggfinalfn, a.aggcombinefn, a.aggserialfn, a.aggdeserialfn, a.aggmtransfn, a.aggminvtransfn, a.aggmfinalfn)
+    WHERE a.aggfnoid = p.oid) ELSE p.provolatile::text END, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname = f.fn
   AND ((f.nsp IS NULL AND p.pronamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
 UNION ALL SELECT 'o', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname = f.op AND o.oid >= 16384
   AND ((f.nsp IS NULL AND o.oprnamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR o.oprnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
