@@ -1261,3 +1261,12 @@ async fn aggregates_take_the_volatility_of_their_functions() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let other = memo.client("postgres", "postgres").await;
+    cache_support::a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed(&c, &other)
+        .await;
+}

@@ -829,3 +829,15 @@ async fn statements_are_planned_with_their_clients_search_path() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed() {
+    within(DEADLINE, async {
+        let (_pg, memo, _direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        let other = memo.client("postgres", "postgres").await;
+        cache_support::a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed(&c, &other)
+            .await;
+    })
+    .await;
+}

@@ -1363,3 +1363,44 @@ pub async fn a_copy_of_a_write_invalidates_what_it_wrote(memo: &PgmemoInstance, 
         assert_eq!(first(c, q).await.as_deref(), Some("copied"), "rolled back");
     }
 }
+
+/// A Query that ends a transaction and goes on (`COMMIT; ROLLBACK`, or `ROLLBACK; UPDATE`
+/// inside a block) keeps what committed: the block's writes in the first case, the UPDATE
+/// that ran on its own after the ROLLBACK in the second. Another session's cached read of
+/// what they changed is not served afterwards. `c` and `other` go through pgmemo; table `t`
+/// of [`setup_with`].
+pub async fn a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed(
+    c: &Client,
+    other: &Client,
+) {
+    let q = "SELECT v FROM t WHERE id = 1";
+    async fn cache(other: &Client, q: &str, expected: &str) {
+        for _ in 0..3 {
+            assert_eq!(first(other, q).await.as_deref(), Some(expected), "{q}");
+        }
+    }
+    cache(other, q, "one").await;
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute("UPDATE t SET v = 'committed' WHERE id = 1")
+        .await
+        .unwrap();
+    c.batch_execute("COMMIT; ROLLBACK").await.unwrap();
+    assert_eq!(
+        first(other, q).await.as_deref(),
+        Some("committed"),
+        "COMMIT; ROLLBACK"
+    );
+    cache(other, q, "committed").await;
+    c.batch_execute("BEGIN").await.unwrap();
+    c.batch_execute("UPDATE t SET v = 'rolled back' WHERE id = 2")
+        .await
+        .unwrap();
+    c.batch_execute("ROLLBACK; UPDATE t SET v = 'after' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(other, q).await.as_deref(),
+        Some("after"),
+        "ROLLBACK; UPDATE"
+    );
+}

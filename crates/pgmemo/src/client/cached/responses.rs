@@ -331,7 +331,9 @@ fn finish(
     };
     let e = d.effects;
     tracing::debug!(seq = d.seq, ?status, effects = ?e, "response complete");
-    if e.rollback {
+    // A ROLLBACK in a response that also committed (`COMMIT; ROLLBACK` in one Query) may
+    // have come after the COMMIT: the committed writes stay.
+    if e.rollback && !flight.committed {
         *txn = Effects::default();
         link.txn_wrote.store(false, Ordering::Relaxed);
     }

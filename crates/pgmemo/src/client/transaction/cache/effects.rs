@@ -277,6 +277,12 @@ impl TxnCache {
     /// A statement's answer arrived: it ran (or began to), so its effects count.
     pub fn answered(&mut self, effects: &Effects) {
         self.txn.merge(effects);
+        if effects.rollback && effects.writes_data() {
+            match &mut self.rollback_request {
+                Some(e) => e.merge(effects),
+                None => self.rollback_request = Some(effects.clone()),
+            }
+        }
     }
 
     /// A COMMIT (or the end of an autocommit statement): the transaction's writes are
@@ -307,8 +313,14 @@ impl TxnCache {
     /// happened. Idle otherwise: an autocommit statement (or anything pgmemo cannot tell
     /// from one, such as `INSERT ...; ROLLBACK` in one Query) committed.
     pub fn ready(&mut self, status: TransactionStatus) {
+        let rollback_request = self.rollback_request.take();
         if status == TransactionStatus::Idle {
             if !(self.rollback_seen && self.in_block) {
+                self.committed();
+            } else if let Some(e) = rollback_request {
+                // The block is rolled back, but statements after the ROLLBACK in the same
+                // request ran on their own and committed.
+                self.txn = e;
                 self.committed();
             }
             self.txn = Effects::default();

@@ -100,6 +100,10 @@ pub struct TxnCache {
     first_execute: Option<Arc<QueryStats>>,
     /// A `ROLLBACK` tag arrived since the last ReadyForQuery.
     rollback_seen: bool,
+    /// The effects of a request that rolls back and also writes (`ROLLBACK; UPDATE ...` in
+    /// one Query): which of its statements came after the ROLLBACK is not known, so its
+    /// writes count as committed even when the block is rolled back.
+    rollback_request: Option<Effects>,
     /// The last ReadyForQuery said a transaction block was open.
     in_block: bool,
     /// Statements run while attached whose plans were made without the catalog.
@@ -196,6 +200,7 @@ impl TxnCache {
             portals: Map::default(),
             first_execute: None,
             rollback_seen: false,
+            rollback_request: None,
             in_block: false,
             unplanned: Vec::new(),
             leading: None,
@@ -353,6 +358,7 @@ impl TxnCache {
         self.inert_so_far = false;
         self.first_unsent = false;
         self.rollback_seen = false;
+        self.rollback_request = None;
         self.in_block = false;
         self.unplanned.clear();
         // Dropped (ending the flight) on every way out but the capture.
