@@ -1270,3 +1270,51 @@ async fn a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed() {
     cache_support::a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed(&c, &other)
         .await;
 }
+
+/// A statement first seen inside a REPEATABLE READ block is not planned from that block's
+/// snapshot of the catalog: here the snapshot predates row security on the table, and a plan
+/// made from it (and memoized for every session of the role) let one tenant's cached row be
+/// served to another.
+#[tokio::test]
+async fn a_snapshot_block_does_not_plan_from_its_old_catalog() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE docs (id int PRIMARY KEY, tenant int, v text); \
+         INSERT INTO docs VALUES (1, 1, 'one''s'); \
+         CREATE ROLE app LOGIN; GRANT SELECT ON docs TO app;",
+    )
+    .await;
+    let q = "SELECT v FROM docs WHERE id = 1";
+    let early = memo.client("app", "postgres").await;
+    // The session's context is known (read between transactions), then its snapshot taken.
+    first(&early, "SELECT v FROM docs WHERE id = 1 AND tenant = 1").await;
+    early
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .await
+        .unwrap();
+    first(&early, "SELECT 1").await;
+    let owner = memo.client("postgres", "postgres").await;
+    owner
+        .batch_execute(
+            "ALTER TABLE docs ENABLE ROW LEVEL SECURITY; \
+             CREATE POLICY by_tenant ON docs \
+               USING (tenant = current_setting('app.tenant', true)::int)",
+        )
+        .await
+        .unwrap();
+    // Row security applies to the read itself (the executor sees the current catalog).
+    assert_eq!(first(&early, q).await, None);
+    early.batch_execute("COMMIT").await.unwrap();
+    let one = memo.client("app", "postgres").await;
+    one.batch_execute("SET app.tenant = '1'").await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(first(&one, q).await.as_deref(), Some("one's"), "tenant 1");
+    }
+    let two = memo.client("app", "postgres").await;
+    two.batch_execute("SET app.tenant = '2'").await.unwrap();
+    assert_eq!(
+        first(&two, q).await,
+        None,
+        "tenant 2 sees no row of tenant 1"
+    );
+}

@@ -62,6 +62,20 @@ impl<'a> Requests<'a> {
         (self.trusted_context_id(), standard_conforming_strings)
     }
 
+    /// Whether the session is inside a transaction block that reads from one snapshot.
+    fn in_snapshot_block(&self) -> bool {
+        self.st.status() == TransactionStatus::InTransaction
+            && (self
+                .link
+                .txn_snapshot
+                .load(std::sync::atomic::Ordering::Relaxed)
+                || self
+                    .session
+                    .context
+                    .as_ref()
+                    .is_some_and(|c| c.snapshot_by_default()))
+    }
+
     /// The memoized plan of a statement text, if the memo knows its shape (no catalog, no
     /// parse), and whether the text holds a time literal.
     pub(super) fn memoized_plan(&self, text: &str) -> Option<(Arc<Plan>, bool)> {
@@ -89,6 +103,11 @@ impl<'a> Requests<'a> {
         server: &mut SW,
     ) -> Result<(Arc<Plan>, bool), PumpError> {
         let (context_id, standard_conforming_strings) = self.planning_context();
+        // Under REPEATABLE READ or SERIALIZABLE the catalog would be read as of the
+        // transaction's snapshot, which may predate DDL (row security enabled, a trigger
+        // added): such a plan would be memoized for everyone. Planned without the catalog it
+        // is conservative and not memoized.
+        let can_ask = can_ask && !self.in_snapshot_block();
         let db = Arc::clone(&self.session.db);
         let shared = self.shared;
         // Before the configuration: a reload that changes it drops the memo after storing it.
