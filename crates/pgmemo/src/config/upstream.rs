@@ -69,6 +69,20 @@ fn percent_decode(s: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| format!("invalid UTF-8 in {s:?}"))
 }
 
+/// `s` with the password of its user-info part (`user:password@`) replaced by `***`, for
+/// error messages, which reach logs and the admin console's caller.
+fn redacted(s: &str) -> String {
+    let start = s.find("://").map_or(0, |i| i + 3);
+    let authority_end = s[start..].find('/').map_or(s.len(), |i| start + i);
+    let Some(at) = s[start..authority_end].rfind('@').map(|i| start + i) else {
+        return s.to_owned();
+    };
+    match s[start..at].find(':') {
+        Some(colon) => format!("{}:***{}", &s[..start + colon], &s[at..]),
+        None => s.to_owned(),
+    }
+}
+
 fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
@@ -87,7 +101,7 @@ impl UpstreamUrl {
         let rest = s
             .strip_prefix("postgres://")
             .or_else(|| s.strip_prefix("postgresql://"))
-            .ok_or_else(|| format!("upstream {s:?} must start with postgres://"))?;
+            .ok_or_else(|| format!("upstream {:?} must start with postgres://", redacted(s)))?;
         let (rest, query) = match rest.split_once('?') {
             Some((r, q)) => (r, Some(q)),
             None => (rest, None),
@@ -106,7 +120,11 @@ impl UpstreamUrl {
                 if !user.is_empty() {
                     url.user = Some(percent_decode(user)?);
                 }
-                url.password = password.map(percent_decode).transpose()?;
+                // Its error names the password's position only, never its characters.
+                url.password = password
+                    .map(percent_decode)
+                    .transpose()
+                    .map_err(|_| "invalid percent-encoding in the upstream URL's password")?;
                 hp
             }
             None => authority,
@@ -114,7 +132,7 @@ impl UpstreamUrl {
         let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
             let (h, p) = v6
                 .split_once(']')
-                .ok_or_else(|| format!("unterminated IPv6 address in {s:?}"))?;
+                .ok_or_else(|| format!("unterminated IPv6 address in {:?}", redacted(s)))?;
             (h, p.strip_prefix(':'))
         } else {
             match hostport.rsplit_once(':') {
@@ -235,6 +253,23 @@ impl Serialize for UpstreamUrl {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn errors_never_show_the_password() {
+        for bad in [
+            "mysql://app:s3cret@db/x",
+            "postgres://app:s3cret@[::1/x",
+            "postgres://app:s3cr%zzet@db/x",
+        ] {
+            let e = super::UpstreamUrl::parse(bad).unwrap_err();
+            assert!(!e.contains("s3cr"), "{e}");
+        }
+        assert_eq!(
+            super::redacted("postgres://app:pw@h:5432/db?sslmode=require"),
+            "postgres://app:***@h:5432/db?sslmode=require"
+        );
+        assert_eq!(super::redacted("postgres://h/db"), "postgres://h/db");
+    }
+
     use super::*;
 
     #[test]
