@@ -817,3 +817,23 @@ async fn a_malformed_header_inside_a_batch_is_reported_at_once() {
     })
     .await
 }
+
+/// Logins with made-up role names each make a pool before PostgreSQL refuses them; those
+/// pools are forgotten once nobody uses them, so such logins cannot grow pgmemo's pools (and
+/// SHOW POOLS, and the metrics) without end.
+#[tokio::test]
+async fn pools_of_failed_logins_are_forgotten() {
+    within(TEST_DEADLINE, async {
+        let pg = pgmemo().await;
+        for i in 0..20 {
+            let refused = pg.try_client(&format!("nobody_{i}"), DB).await;
+            assert!(refused.is_err(), "nobody_{i} logged in");
+        }
+        assert_eventually(ANSWER_DEADLINE, "the pools are forgotten", || async {
+            pg.handle().shared().pools.all().is_empty()
+        })
+        .await;
+        serves_others(&pg).await;
+    })
+    .await
+}

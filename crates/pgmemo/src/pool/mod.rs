@@ -96,13 +96,26 @@ impl Pools {
             .collect()
     }
 
-    /// Closes idle connections that outlived `server_idle_timeout` or `server_lifetime`.
+    /// Closes idle connections that outlived `server_idle_timeout` or `server_lifetime`,
+    /// then forgets pools nobody uses.
     pub async fn close_expired(&self, settings: &PoolSettings) {
         for pool in self.all() {
             for conn in pool.take_expired(settings) {
                 conn.close().await;
             }
         }
+        self.forget_unused();
+    }
+
+    /// Removes the pools that hold no connection and that no session holds: a pool is made
+    /// for every (user, database) a client names, before it has logged in, so failed logins
+    /// with made-up names would otherwise add pools (and their rows in SHOW POOLS and the
+    /// metrics) without end. A pool with idle connections stays.
+    pub fn forget_unused(&self) {
+        let mut map = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the map's lock nobody can take a new handle on a pool: one held only by the
+        // map is unused, and stays so while it is removed.
+        map.retain(|_, pool| Arc::strong_count(pool) > 1 || pool.counts().1 > 0);
     }
 
     /// Closes every idle connection and refuses new leases (shutdown).
@@ -349,6 +362,28 @@ mod tests {
         drop(spare);
         assert_eq!(pool.counts(), (0, 0));
         assert!(pool.try_acquire().unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn pools_nobody_uses_are_forgotten() {
+        let pools = Pools::default();
+        let key = |user: &str| PoolKey {
+            host: "127.0.0.1".into(),
+            port: 5432,
+            database: "db".into(),
+            user: user.into(),
+        };
+        for i in 0..100 {
+            pools.get(&key(&format!("made-up-{i}")), 4);
+        }
+        let held = pools.get(&key("app"), 4);
+        let lease = held.try_acquire().unwrap().unwrap();
+        drop(held);
+        pools.forget_unused();
+        assert_eq!(pools.all().len(), 1, "only the pool a lease holds");
+        drop(lease);
+        pools.forget_unused();
+        assert!(pools.all().is_empty());
     }
 
     #[tokio::test]
