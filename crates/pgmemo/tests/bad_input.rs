@@ -837,3 +837,64 @@ async fn pools_of_failed_logins_are_forgotten() {
     })
     .await
 }
+
+/// A Query message holding `text` as raw bytes (any encoding).
+fn raw_query(text: &[u8]) -> Vec<u8> {
+    let mut m = vec![b'Q'];
+    m.extend_from_slice(&((text.len() + 5) as u32).to_be_bytes());
+    m.extend_from_slice(text);
+    m.push(0);
+    m
+}
+
+/// The first column of a one-row query sent as raw bytes, as raw bytes.
+async fn latin1_value(raw: &mut Raw, text: &[u8]) -> Option<Vec<u8>> {
+    raw.send(&raw_query(text)).await;
+    let mut value = None;
+    loop {
+        match raw.expect_message().await {
+            BackendMessage::DataRow(row) => {
+                let body = row.body();
+                let len = i32::from_be_bytes([body[2], body[3], body[4], body[5]]);
+                value = Some(body[6..6 + len as usize].to_vec());
+            }
+            BackendMessage::ErrorResponse(e) => panic!("{e}"),
+            BackendMessage::ReadyForQuery(_) => return value,
+            _ => {}
+        }
+    }
+}
+
+/// Under a client_encoding other than UTF-8 a query text is not UTF-8, and its result is not
+/// stored under a lossy spelling of it that other texts share: a LATIN1 client asking for
+/// `caf\xe9` and then for the bytes of U+FFFD gets each its own answer.
+#[tokio::test]
+async fn texts_that_are_not_utf8_never_share_a_cached_result() {
+    within(TEST_DEADLINE, async {
+        let pg = pgmemo_with(|c| {
+            c.cache = pgmemo::config::Switch::On;
+            c.cache_admission = pgmemo::config::CacheAdmission::Always;
+            c.invalidation = pgmemo::config::Invalidation::Proxy;
+        })
+        .await;
+        let mut raw = Raw::connect(pg.addr()).await;
+        let mut params = login_params();
+        params.push(("client_encoding", "LATIN1"));
+        raw.send(&startup(0, &params)).await;
+        raw.finish_login().await;
+        for _ in 0..3 {
+            assert_eq!(
+                latin1_value(&mut raw, b"SELECT 'caf\xe9'").await.as_deref(),
+                Some(&b"caf\xe9"[..])
+            );
+        }
+        // The UTF-8 bytes of U+FFFD, read as LATIN1.
+        assert_eq!(
+            latin1_value(&mut raw, b"SELECT 'caf\xef\xbf\xbd'")
+                .await
+                .as_deref(),
+            Some(&b"caf\xef\xbf\xbd"[..])
+        );
+    })
+    .await
+}

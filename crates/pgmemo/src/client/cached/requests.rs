@@ -525,6 +525,9 @@ impl Requests<'_> {
         let capture = match refusal {
             Err(_) => None,
             Ok(()) if key_built => self.capture_built(&plan, &config),
+            // Not UTF-8 (a LATIN1 client's text): the lossy text would be a key that other
+            // texts share and that no lookup of this one builds. Not stored.
+            Ok(()) if matches!(text, std::borrow::Cow::Owned(_)) => None,
             Ok(()) => self.capture(&plan, b'Q', text.as_bytes(), None, &config),
         };
         let action = match refusal {
