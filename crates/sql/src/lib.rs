@@ -37,7 +37,7 @@ pub use error::SqlError;
 pub use kind::{DiscardKind, StatementKind};
 pub use prefilter::may_affect_session;
 pub use set::{SetCommand, SetValue};
-pub use shape::{shape, shape_into, Shape, ShapeFacts};
+pub use shape::{has_time_word, shape, shape_into, Shape, ShapeFacts};
 pub use stats::{fingerprint, normalize};
 pub use transaction::{IsolationLevel, TransactionCommand, TransactionModes};
 

@@ -208,15 +208,30 @@ fn note_hint(comment: &str, hints: &mut Vec<String>) {
     }
 }
 
-/// Whether a literal's text (as written) is one of the special time inputs, alone or followed
-/// by more words (`'today 10:00'`), ignoring case and surrounding blanks.
+/// Whether a literal's text (as written) may be date/time input that reads the clock.
 fn is_time_word(value: &[u8]) -> bool {
-    let v = value.trim_ascii();
-    ["now", "today", "tomorrow", "yesterday"].iter().any(|w| {
-        let w = w.as_bytes();
-        v.len() >= w.len()
-            && v[..w.len()].eq_ignore_ascii_case(w)
-            && (v.len() == w.len() || v[w.len()] == b' ')
+    has_time_word(value)
+}
+
+/// Most bytes PostgreSQL reads as date/time input (`MAXDATELEN`): a longer value is refused
+/// by every date/time type, so it cannot read the clock.
+const MAX_DATE_INPUT: usize = 128;
+
+/// Whether a value, read as date/time input, holds one of the special words that read the
+/// clock (`now`, `today`, `tomorrow`, `yesterday`) as a field of its own, anywhere
+/// (`'00:00 tomorrow'` is midnight tonight), ignoring case. Such input makes an otherwise
+/// immutable statement's result change with time.
+pub fn has_time_word(value: &[u8]) -> bool {
+    // Date/time input holds only these (PostgreSQL's lexer refuses anything else), so a
+    // value with another character (`'now''s'`) is no such input.
+    let date_char = |c: &u8| c.is_ascii_alphanumeric() || b" \t\r\n-:./+,_".contains(c);
+    if value.len() > MAX_DATE_INPUT || !value.iter().all(date_char) {
+        return false;
+    }
+    value.split(|c| !c.is_ascii_alphabetic()).any(|w| {
+        [&b"now"[..], b"today", b"tomorrow", b"yesterday"]
+            .iter()
+            .any(|t| w.eq_ignore_ascii_case(t))
     })
 }
 
@@ -364,6 +379,8 @@ mod tests {
         assert!(shape("select 'Today'::date", true).time_literal);
         assert!(shape("select $$tomorrow$$::date", true).time_literal);
         assert!(!shape("select 'nowhere'", true).time_literal);
+        assert!(shape("select '00:00 tomorrow'::timestamptz", true).time_literal);
+        assert!(shape("select '2024-01-01 today'::date", true).time_literal);
     }
 
     #[test]

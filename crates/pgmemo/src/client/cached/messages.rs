@@ -291,17 +291,8 @@ pub(crate) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
             return true;
         };
         pos += len;
-        // Every time word starts with n, t or y: most values are out at their first byte.
-        let starts_like_a_time_word = |c: u8| matches!(c | 0x20, b'n' | b't' | b'y');
-        if len <= 16 && format_of(i) == 0 {
-            let v = value.trim_ascii();
-            if v.first().is_some_and(|&c| starts_like_a_time_word(c))
-                && [&b"now"[..], b"today", b"tomorrow", b"yesterday"]
-                    .iter()
-                    .any(|w| v.get(..w.len()).is_some_and(|h| h.eq_ignore_ascii_case(w)))
-            {
-                return true;
-            }
+        if format_of(i) == 0 && sql::has_time_word(value) {
+            return true;
         }
     }
     false
@@ -540,7 +531,12 @@ mod time_word_tests {
         // Binary parameters are never read as words.
         assert!(!has(&[1], &["now"]));
         assert!(has(&[1, 0], &["now", "now"]));
-        // A value too long to be one of the words.
-        assert!(!has(&[], &["now is a long sentence here"]));
+        // A word anywhere, as a field of its own (`'00:00 tomorrow'`), in a value short
+        // enough to be date/time input.
+        assert!(has(&[], &["tomorrow 00:00:00"]));
+        assert!(has(&[], &["00:00 Tomorrow"]));
+        assert!(has(&[], &["now is a long sentence here"]));
+        let long = format!("now {}", "x".repeat(200));
+        assert!(!has(&[], &[long.as_str()]));
     }
 }
