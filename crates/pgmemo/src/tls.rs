@@ -78,8 +78,16 @@ pub struct UpstreamTls {
     pub connector: TlsConnector,
     /// Whether a server that declines TLS is an error (`require` and stricter).
     pub required: bool,
-    /// Name checked against the certificate (verify-full) and sent as SNI.
-    pub server_name: ServerName<'static>,
+}
+
+impl UpstreamTls {
+    /// The name checked against the certificate (verify-full) and sent as SNI for a
+    /// connection to `host`: the host connected to, which a `[databases]` entry may make
+    /// another than the upstream URL's.
+    pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+        ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("invalid upstream host name {host:?}: {e}"))
+    }
 }
 
 impl UpstreamTls {
@@ -121,12 +129,10 @@ impl UpstreamTls {
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
-        let server_name = ServerName::try_from(url.host.clone())
-            .map_err(|e| format!("invalid upstream host name {:?}: {e}", url.host))?;
+        UpstreamTls::server_name(&url.host)?;
         Ok(Some(UpstreamTls {
             connector: TlsConnector::from(Arc::new(config)),
             required: url.sslmode != SslMode::Prefer,
-            server_name,
         }))
     }
 }

@@ -703,3 +703,40 @@ async fn tls_both_sides_with_relayed_scram_libpq_default() {
         Ok("1".to_owned())
     );
 }
+
+/// `verify-full` checks the certificate against the host each connection goes to: a
+/// `[databases]` entry that sends a database to another host name than the upstream URL's is
+/// checked against that name, not the URL's.
+#[tokio::test]
+async fn upstream_tls_verify_full_checks_the_host_of_each_database() {
+    let pki = make_pki(&["localhost"]);
+    let pg = ssl_only_cluster(&pki).await;
+    let url = format!(
+        "postgres://localhost:{}?sslmode=verify-full&sslrootcert={}",
+        pg.port(),
+        pki.ca_file.display()
+    );
+    let mut config = Config {
+        upstream: UpstreamUrl::parse(&url).unwrap(),
+        ..Config::default()
+    };
+    config.databases.insert(
+        "by_address".into(),
+        pgmemo::config::DatabaseConfig {
+            host: Some("127.0.0.1".into()),
+            dbname: Some("postgres".into()),
+            ..Default::default()
+        },
+    );
+    let pgmemo = start_pgmemo(config).await;
+    let client = connect_plain(pgmemo.port(), "postgres")
+        .await
+        .expect("the URL's host is in the certificate");
+    assert!(server_side_ssl(&client).await);
+    let mut by_address = client_config(pgmemo.port(), "postgres", None, SslMode::Disable);
+    by_address.dbname("by_address");
+    let err = connect_with(&by_address, NoTls)
+        .await
+        .expect_err("verify-full accepted a certificate without the entry's host");
+    assert_upstream_tls_failure(&err);
+}

@@ -152,7 +152,7 @@ impl ServerConn {
         let tls = tls.filter(|_| !net::is_unix_socket_dir(host));
         let stream = match tls {
             None => MaybeTls::Plain(socket),
-            Some(tls) => negotiate_tls(socket, tls).await?,
+            Some(tls) => negotiate_tls(socket, tls, host).await?,
         };
         let mut conn = Box::new(ServerConn {
             stream,
@@ -411,7 +411,9 @@ impl ServerConn {
 async fn negotiate_tls(
     mut tcp: FastSocket,
     tls: &UpstreamTls,
+    host: &str,
 ) -> Result<ServerStream, ServerError> {
+    let server_name = UpstreamTls::server_name(host).map_err(ServerError::Tls)?;
     tcp.write_all(&encode_ssl_request()).await?;
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await?;
@@ -419,7 +421,7 @@ async fn negotiate_tls(
         b'S' => {
             let stream = tls
                 .connector
-                .connect(tls.server_name.clone(), tcp)
+                .connect(server_name, tcp)
                 .await
                 .map_err(|e| ServerError::Tls(e.to_string()))?;
             Ok(MaybeTls::Tls(Box::new(stream)))
