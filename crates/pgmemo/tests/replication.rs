@@ -778,3 +778,45 @@ async fn a_silent_stream_closes_the_gate_and_is_replaced() {
     assert_eq!(first(&c, q).await.as_deref(), Some("dos"));
     memo.shutdown().await;
 }
+
+/// A publication of the configured name that does not show every write (here only table
+/// `t`, without deletes) is not taken for a complete feed: with `invalidation = replication`
+/// the cache serves nothing (fail closed) and the error names what the publication lacks;
+/// `auto` falls back to proxy for the database.
+#[tokio::test]
+async fn a_publication_that_misses_writes_is_not_used() {
+    let pg = cluster().await;
+    pg.psql("CREATE TABLE u (id int PRIMARY KEY); CREATE PUBLICATION pgmemo FOR TABLE t WITH (publish = 'insert, update')")
+        .await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    let error = eventually_some(LIVE_DEADLINE, || async {
+        feed(&memo).and_then(|f| f.last_error())
+    })
+    .await
+    .expect("the feed reports why it is down");
+    assert!(
+        error.contains("FOR ALL TABLES") && error.contains("delete"),
+        "{error}"
+    );
+    assert_ne!(feed(&memo).unwrap().state(), FeedState::Live);
+    for _ in 0..3 {
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    }
+    assert_eq!(
+        hits(&memo),
+        0,
+        "served while the feed cannot see every write"
+    );
+    memo.shutdown().await;
+
+    let memo = pgmemo_with(&pg, Invalidation::Auto).await;
+    let c = memo.client("postgres", "postgres").await;
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    assert_eventually(Duration::from_secs(5), "auto gives the feed up", || async {
+        feed(&memo).is_some_and(|f| f.state() == FeedState::NotUsed)
+    })
+    .await;
+    memo.shutdown().await;
+}

@@ -59,6 +59,8 @@ pub enum FeedError {
     NoUser,
     #[error("publication \"{0}\" does not exist in this database (invalidation = \"auto\" never creates it)")]
     NoPublication(String),
+    #[error("publication \"{0}\" does not show every write to the feed: it lacks {1}")]
+    PartialPublication(String, String),
     #[error(
         "not creating publication FOR ALL TABLES: UPDATE and DELETE would then fail on tables \
          without a replica identity ({0}); add primary keys or REPLICA IDENTITY FULL, or create \

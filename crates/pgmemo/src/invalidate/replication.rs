@@ -59,9 +59,11 @@ pub async fn run(shared: Arc<Shared>, status: Arc<FeedStatus>) {
         }
         match ended {
             Ok(()) => break,
-            Err(e @ (FeedError::NoPublication(_) | FeedError::MissingReplicaIdentity(_)))
-                if shared.config().invalidation == Invalidation::Auto =>
-            {
+            Err(
+                e @ (FeedError::NoPublication(_)
+                | FeedError::PartialPublication(..)
+                | FeedError::MissingReplicaIdentity(_)),
+            ) if shared.config().invalidation == Invalidation::Auto => {
                 // `auto` falls back to proxy for this database: its cache serves, writes from
                 // elsewhere are seen only by TTL.
                 tracing::warn!(database = %db.name, reason = %e,

@@ -87,16 +87,31 @@ pub async fn ensure_publication(
     name: &str,
     create: bool,
 ) -> Result<(), FeedError> {
-    let exists = scalar(
+    // What the publication lacks for the feed to see every write, if it exists.
+    let lacks = scalar(
         conn,
         &format!(
-            "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = {}",
+            "SELECT concat_ws(', ', \
+               CASE WHEN NOT puballtables THEN 'FOR ALL TABLES' END, \
+               CASE WHEN NOT pubinsert THEN 'insert' END, \
+               CASE WHEN NOT pubupdate THEN 'update' END, \
+               CASE WHEN NOT pubdelete THEN 'delete' END, \
+               CASE WHEN NOT pubtruncate THEN 'truncate' END, \
+               CASE WHEN pubviaroot THEN 'publish_via_partition_root = false' END) \
+             FROM pg_catalog.pg_publication WHERE pubname = {}",
             quote_literal(name)
         ),
     )
     .await?;
-    if exists.is_some() {
-        return Ok(());
+    match lacks.as_deref() {
+        Some("") => return Ok(()),
+        Some(lacks) => {
+            return Err(FeedError::PartialPublication(
+                name.to_owned(),
+                lacks.to_owned(),
+            ))
+        }
+        None => {}
     }
     if !create {
         return Err(FeedError::NoPublication(name.to_owned()));
