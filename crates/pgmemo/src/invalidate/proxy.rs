@@ -27,7 +27,13 @@ pub fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) -> bool {
         // DDL is not in the stream (only its effects on rows are); everything else a statement
         // wrote somewhere pgmemo cannot name (DO, CALL, volatile functions, triggers) arrives
         // on a live feed, so the other sessions' entries need not all go.
-        if db.feed.state() == crate::cache::feed::FeedState::Live && !e.ddl {
+        // Not when user code ran that may have run DDL and the stream carries none (a feed
+        // whose user may not install pgmemo's event trigger): `REFRESH MATERIALIZED VIEW`
+        // in a `DO` block, say, changes rows the stream never shows.
+        let feed_sees_it = db.feed.state() == crate::cache::feed::FeedState::Live
+            && !e.ddl
+            && (!e.hidden_settings || db.feed.sees_ddl());
+        if feed_sees_it {
             left_to_feed = true;
         } else {
             db.generations.invalidate_database();
