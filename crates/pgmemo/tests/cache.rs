@@ -1318,3 +1318,42 @@ async fn a_snapshot_block_does_not_plan_from_its_old_catalog() {
         "tenant 2 sees no row of tenant 1"
     );
 }
+
+/// Roles belong to the whole cluster: a `REVOKE` of a role's membership run in one database
+/// takes the results cached for that role in every database, so the role gets PostgreSQL's
+/// permission error where its membership used to let it read.
+#[tokio::test]
+async fn a_role_change_in_one_database_reaches_the_cache_of_every_database() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql("CREATE DATABASE other; CREATE ROLE readers; CREATE ROLE alice LOGIN IN ROLE readers;")
+        .await;
+    let other_admin = pg.client("postgres", "other").await;
+    other_admin
+        .batch_execute(
+            "CREATE TABLE secret (id int PRIMARY KEY, v text); \
+             INSERT INTO secret VALUES (1, 'classified'); \
+             GRANT SELECT ON secret TO readers;",
+        )
+        .await
+        .unwrap();
+    let alice = memo.client("alice", "other").await;
+    let q = "SELECT v FROM secret WHERE id = 1";
+    let hits = show_cache(&memo, "hits").await;
+    for _ in 0..3 {
+        assert_eq!(first(&alice, q).await.as_deref(), Some("classified"));
+    }
+    assert!(show_cache(&memo, "hits").await > hits, "cached for alice");
+    let admin = memo.client("postgres", "postgres").await;
+    admin
+        .batch_execute("REVOKE readers FROM alice")
+        .await
+        .unwrap();
+    let err = alice
+        .simple_query(q)
+        .await
+        .expect_err("alice still reads after losing her membership");
+    assert_eq!(
+        err.code(),
+        Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+    );
+}

@@ -79,6 +79,10 @@ pub struct StatementInfo {
     /// `CREATE TABLE` also makes a temporary table when `search_path` puts `pg_temp` first, which
     /// only the session's settings tell.
     pub session_temp_table: bool,
+    /// The statement changes roles (`GRANT`/`REVOKE` of a role, `ALTER ROLE`, `DROP ROLE`,
+    /// `ALTER USER`, `DROP OWNED`, `REASSIGN OWNED`): roles belong to the whole cluster, so
+    /// what any role may read in any database may have changed.
+    pub changes_roles: bool,
 }
 
 /// A relation name as written in the statement, identifiers already case-folded (or kept, when

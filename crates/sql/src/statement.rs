@@ -69,6 +69,15 @@ pub(crate) fn analyze_statement(
         select_into,
         tablesample,
         session_temp_table,
+        changes_roles: matches!(
+            node,
+            NodeRef::GrantRoleStmt(_)
+                | NodeRef::AlterRoleStmt(_)
+                | NodeRef::AlterRoleSetStmt(_)
+                | NodeRef::DropRoleStmt(_)
+                | NodeRef::DropOwnedStmt(_)
+                | NodeRef::ReassignOwnedStmt(_)
+        ),
     })
 }
 

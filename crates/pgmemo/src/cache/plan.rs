@@ -94,6 +94,9 @@ pub struct Effects {
     pub database_wide: bool,
     /// Definitions changed: memoized analyses of the database must go.
     pub ddl: bool,
+    /// Roles changed (membership, attributes): they belong to the whole cluster, so the
+    /// results of every database must go.
+    pub all_databases: bool,
     /// Session settings that are part of the key may have changed.
     pub settings: bool,
     /// Code pgmemo cannot see into (a volatile user-defined function, `DO`, `CALL`, a
@@ -117,6 +120,7 @@ impl Effects {
         }
         self.database_wide |= other.database_wide;
         self.ddl |= other.ddl;
+        self.all_databases |= other.all_databases;
         self.settings |= other.settings;
         self.hidden_settings |= other.hidden_settings;
         self.snapshot |= other.snapshot;
@@ -447,6 +451,7 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         StatementKind::Ddl => {
             e.database_wide = true;
             e.ddl = true;
+            e.all_databases = s.changes_roles;
             // CREATE TEMP TABLE changes what names mean to this session (see the context).
             e.settings = true;
         }

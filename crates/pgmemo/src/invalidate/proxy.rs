@@ -15,6 +15,11 @@ pub fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) -> bool {
     tracing::debug!(effects = ?e, "applying committed effects");
     let stats = &shared.cache.stats;
     let mut left_to_feed = false;
+    if e.all_databases {
+        // A role lost (or gained) what it may read anywhere: no database's result stands.
+        shared.cache.purge_all();
+        stats.database_invalidations.fetch_add(1, Ordering::Relaxed);
+    }
     // DDL, or user code pgmemo cannot see into (DO, CALL, a volatile user-defined function)
     // that may have run some: what a memoized plan says of a statement (cacheable, its
     // tables, row security, the volatility of its functions) may no longer hold. Built-in
