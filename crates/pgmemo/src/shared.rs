@@ -60,6 +60,10 @@ pub struct Shared {
     /// Cancelled when the shutdown grace period is over: every session closes now.
     pub terminate_sessions: CancellationToken,
     client_slots: AtomicUsize,
+    /// A random secret of this process that salts the SCRAM exchanges of userlist logins
+    /// (see `ScramSecret::mock`): without it nobody can tell an unknown user's salt from a
+    /// known one's.
+    pub auth_seed: [u8; 32],
 }
 
 impl Shared {
@@ -69,7 +73,10 @@ impl Shared {
         let client_tls = ClientTls::from_config(&config)?;
         let upstream_tls = UpstreamTls::from_url(&config.upstream)?;
         let cache = crate::cache::Cache::new(config.cache_size.0 as u64);
+        let mut auth_seed = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut auth_seed);
         Ok(Arc::new(Shared {
+            auth_seed,
             config: ArcSwap::from_pointee(config),
             config_generation: AtomicU64::new(0),
             userlist: ArcSwap::from_pointee(userlist),

@@ -673,3 +673,67 @@ async fn server_login_with_held_credentials_md5_clients() {
 async fn server_login_with_held_credentials_scram_clients() {
     check_server_login_with_held_credentials(AuthType::ScramSha256).await;
 }
+
+/// The salt pgmemo shows in a SCRAM exchange for `user`: the `s=` attribute of the
+/// server-first-message, read with raw protocol bytes (the exchange is then dropped).
+async fn scram_salt(pgmemo: &PgmemoInstance, user: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", pgmemo.port()))
+        .await
+        .unwrap();
+    let startup = wire::startup::StartupMessage::encode([("user", user), ("database", "postgres")]);
+    socket.write_all(&startup).await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let next = async |socket: &mut tokio::net::TcpStream, buf: &mut bytes::BytesMut| loop {
+        if let Some(frame) = wire::Frame::decode(buf, 1 << 20).unwrap() {
+            return frame;
+        }
+        assert!(socket.read_buf(buf).await.unwrap() > 0, "closed");
+    };
+    let offer = next(&mut socket, &mut buf).await;
+    assert_eq!(offer.tag(), b'R');
+    socket
+        .write_all(&wire::frontend::sasl_initial_response(
+            "SCRAM-SHA-256",
+            b"n,,n=,r=fyko+d2lbbFgONRv9qkxdawL",
+        ))
+        .await
+        .unwrap();
+    let first = next(&mut socket, &mut buf).await;
+    let text = String::from_utf8_lossy(&first.body()[4..]).into_owned();
+    text.split(',')
+        .find_map(|a| a.strip_prefix("s="))
+        .unwrap_or_else(|| panic!("no salt in {text:?}"))
+        .to_owned()
+}
+
+/// The salt of a SCRAM exchange tells nothing of whether the user exists: it is the same
+/// from one attempt to the next for a listed user with a plain-text password as for an
+/// unlisted one, and it depends on a secret of the process (another pgmemo shows another
+/// salt for the same unknown user), so nobody can compute an unknown user's salt offline.
+#[tokio::test]
+async fn scram_salts_do_not_tell_listed_users_from_unknown_ones() {
+    let (pg, pgmemo, _dir) = local_setup(AuthType::ScramSha256).await;
+    for user in [LOCAL_PLAIN.0, "ghost"] {
+        let first = scram_salt(&pgmemo, user).await;
+        assert_eq!(
+            scram_salt(&pgmemo, user).await,
+            first,
+            "{user}: the salt changed"
+        );
+    }
+    let (_dir2, path) = write_userlist(&[(LOCAL_PLAIN.0, LOCAL_PLAIN.1.to_owned())]);
+    let other = start_pgmemo(Config {
+        auth_type: AuthType::ScramSha256,
+        auth_file: Some(path),
+        ..pgmemo_config_for(pg.port())
+    })
+    .await;
+    assert_ne!(
+        scram_salt(&other, "ghost").await,
+        scram_salt(&pgmemo, "ghost").await,
+        "an unknown user's salt is the same in every pgmemo"
+    );
+    // Logins still work.
+    assert_login(&pgmemo, LOCAL_PLAIN).await;
+}

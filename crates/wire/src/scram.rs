@@ -77,9 +77,19 @@ impl ScramSecret {
         Self::from_password(password, &salt, DEFAULT_ITERATIONS)
     }
 
-    /// A verifier nobody knows the password of, stable per user name, so that an unknown user
-    /// goes through the same exchange as a known one and fails only at the end (PostgreSQL's
-    /// "mock authentication": no hint whether a role exists).
+    /// The verifier of a plain-text `password`, salted as [`ScramSecret::mock`] salts an
+    /// unknown user's: a salt stable per user and `seed`, so that the salt a client is shown
+    /// neither changes from one attempt to the next (a fresh random salt would tell a known
+    /// user from an unknown one) nor can be computed without the seed.
+    pub fn from_password_for(password: &str, user: &str, seed: &[u8]) -> ScramSecret {
+        let salt = hmac(seed, user.as_bytes());
+        Self::from_password(password, &salt[..16], DEFAULT_ITERATIONS)
+    }
+
+    /// A verifier nobody knows the password of, stable per user name and `seed` (keep the
+    /// seed secret: a salt anyone can compute shows that the user does not exist), so that
+    /// an unknown user goes through the same exchange as a known one and fails only at the
+    /// end (PostgreSQL's "mock authentication": no hint whether a role exists).
     pub fn mock(user: &str, nonce_seed: &[u8]) -> ScramSecret {
         let salt = hmac(nonce_seed, user.as_bytes());
         let mut stored_key = [0u8; 32];

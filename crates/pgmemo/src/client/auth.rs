@@ -42,6 +42,7 @@ pub async fn authenticate_locally(
     userlist: &Userlist,
     method: AuthType,
     user: &str,
+    seed: &[u8],
 ) -> Result<LocalLogin, ClientError> {
     let secret = userlist.get(user);
     let login = match method {
@@ -60,10 +61,10 @@ pub async fn authenticate_locally(
         }
         AuthType::Md5 if matches!(secret, Some(Secret::Scram(_))) => {
             // Like PostgreSQL with an md5 line and a SCRAM verifier: use SCRAM.
-            scram(client, secret, user).await?
+            scram(client, secret, user, seed).await?
         }
         AuthType::Md5 => md5(client, secret, user).await?,
-        AuthType::ScramSha256 => scram(client, secret, user).await?,
+        AuthType::ScramSha256 => scram(client, secret, user, seed).await?,
     };
     client.send(&backend::authentication_ok()).await?;
     Ok(login)
@@ -112,12 +113,14 @@ async fn scram(
     client: &mut ClientConn,
     secret: Option<&Secret>,
     user: &str,
+    seed: &[u8],
 ) -> Result<LocalLogin, ClientError> {
     let (verifier, known) = match secret {
-        Some(Secret::Plain(p)) => (ScramSecret::generate(p), true),
+        // Salted like an unknown user's mock: the salt shows nothing.
+        Some(Secret::Plain(p)) => (ScramSecret::from_password_for(p, user, seed), true),
         Some(Secret::Scram(s)) => (s.clone(), true),
         // md5 secrets cannot verify SCRAM; unknown users get a mock exchange.
-        _ => (ScramSecret::mock(user, b"pgmemo-mock"), false),
+        _ => (ScramSecret::mock(user, seed), false),
     };
     client
         .send(&backend::authentication_sasl(&[SCRAM_SHA_256]))

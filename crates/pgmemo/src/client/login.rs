@@ -164,7 +164,8 @@ pub async fn login(
 
     let user = startup.param("user").unwrap_or_default();
     let userlist = shared.userlist();
-    let local = authenticate_locally(client, &userlist, config.auth_type, user).await?;
+    let local =
+        authenticate_locally(client, &userlist, config.auth_type, user, &shared.auth_seed).await?;
     // Before an idle connection may serve the login: transaction pooling opens the client's
     // later server connections with these credentials.
     let same_user = route.key.user == user;
