@@ -88,9 +88,7 @@ impl UpstreamTls {
         ServerName::try_from(host.to_owned())
             .map_err(|e| format!("invalid upstream host name {host:?}: {e}"))
     }
-}
 
-impl UpstreamTls {
     /// `None` for `sslmode=disable`, and for an upstream reached through a Unix-domain socket,
     /// where libpq does not try TLS whatever the sslmode.
     pub fn from_url(url: &UpstreamUrl) -> Result<Option<UpstreamTls>, String> {

@@ -88,7 +88,7 @@ pub fn shape_into(sql: &str, standard_conforming_strings: bool, out: &mut Vec<u8
                 let escape = !standard_conforming_strings
                     || (after_word && ends_with_escape_prefix(&out[base..]));
                 let (end, body_end) = string_end(b, i + 1, escape);
-                facts.time_literal |= is_time_word(&b[i + 1..body_end]);
+                facts.time_literal |= has_time_word(&b[i + 1..body_end]);
                 out.push(b'?');
                 i = end;
                 copied = end;
@@ -101,7 +101,7 @@ pub fn shape_into(sql: &str, standard_conforming_strings: bool, out: &mut Vec<u8
                 let body_start = i + tag_len;
                 let end = find_slice(b, body_start, tag).map_or(b.len(), |p| p + tag_len);
                 let body_end = end.saturating_sub(tag_len).max(body_start);
-                facts.time_literal |= is_time_word(&b[body_start..body_end]);
+                facts.time_literal |= has_time_word(&b[body_start..body_end]);
                 out.push(b'?');
                 i = end;
                 copied = end;
@@ -206,11 +206,6 @@ fn note_hint(comment: &str, hints: &mut Vec<String>) {
     if lower.contains("pgmemo:") || lower.contains("no query cache") {
         hints.push(comment.to_owned());
     }
-}
-
-/// Whether a literal's text (as written) may be date/time input that reads the clock.
-fn is_time_word(value: &[u8]) -> bool {
-    has_time_word(value)
 }
 
 /// Most bytes PostgreSQL reads as date/time input (`MAXDATELEN`): a longer value is refused

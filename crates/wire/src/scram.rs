@@ -50,6 +50,15 @@ fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
+/// A salt for `user` that is the same at every attempt and that only a holder of `seed` can
+/// compute (see [`ScramSecret::mock`]).
+fn user_salt(user: &str, seed: &[u8]) -> [u8; 16] {
+    let mac = hmac(seed, user.as_bytes());
+    let mut salt = [0u8; 16];
+    salt.copy_from_slice(&mac[..16]);
+    salt
+}
+
 fn key32(bytes: &[u8]) -> Result<[u8; 32], ScramError> {
     bytes.try_into().map_err(|_| ScramError::InvalidSecret)
 }
@@ -82,8 +91,7 @@ impl ScramSecret {
     /// neither changes from one attempt to the next (a fresh random salt would tell a known
     /// user from an unknown one) nor can be computed without the seed.
     pub fn from_password_for(password: &str, user: &str, seed: &[u8]) -> ScramSecret {
-        let salt = hmac(seed, user.as_bytes());
-        Self::from_password(password, &salt[..16], DEFAULT_ITERATIONS)
+        Self::from_password(password, &user_salt(user, seed), DEFAULT_ITERATIONS)
     }
 
     /// A verifier nobody knows the password of, stable per user name and `seed` (keep the
@@ -91,12 +99,12 @@ impl ScramSecret {
     /// an unknown user goes through the same exchange as a known one and fails only at the
     /// end (PostgreSQL's "mock authentication": no hint whether a role exists).
     pub fn mock(user: &str, nonce_seed: &[u8]) -> ScramSecret {
-        let salt = hmac(nonce_seed, user.as_bytes());
+        let salt = user_salt(user, nonce_seed);
         let mut stored_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut stored_key);
         ScramSecret {
             iterations: DEFAULT_ITERATIONS,
-            salt: salt[..16].to_vec(),
+            salt: salt.to_vec(),
             stored_key,
             server_key: stored_key,
         }

@@ -188,13 +188,7 @@ pub async fn login(
         return Ok((route, lease, conn));
     }
     lease.reserve_new();
-    let mut conn = open(shared, &route, upstream_tls).await?;
-    bounded(config.server_connect_timeout.0, async {
-        conn.authenticate(&route.key.user, &route.credential)
-            .await?;
-        conn.finish_startup().await
-    })
-    .await?;
+    let conn = open_authenticated(shared, &route).await?;
     Ok((route, lease, conn))
 }
 

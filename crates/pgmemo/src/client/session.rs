@@ -182,8 +182,9 @@ async fn tell_why_session_ends(client: &mut ClientConn, end: &End, shared: &Shar
     let _ = tokio::time::timeout(FAREWELL_TIMEOUT, farewell(client, end, shared)).await;
 }
 
-/// How long a session's last words to its client may take.
-const FAREWELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a session's last words to its client may take (a client that does not read
+/// must not hold the session, nor a server when there still is one).
+pub(super) const FAREWELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn farewell(client: &mut ClientConn, end: &End, shared: &Shared) {
     match end {

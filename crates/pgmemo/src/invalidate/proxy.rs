@@ -16,29 +16,28 @@ pub fn apply_commit(e: &Effects, shared: &Shared, db: &DatabaseCache) -> bool {
     let stats = &shared.cache.stats;
     let mut left_to_feed = false;
     if e.all_databases {
-        // A role lost (or gained) what it may read anywhere: no database's result stands.
+        // A role lost (or gained) what it may read anywhere: no database's results or plans
+        // stand, this one's included.
         shared.cache.purge_all();
         stats.database_invalidations.fetch_add(1, Ordering::Relaxed);
+        return false;
     }
-    // DDL, or user code pgmemo cannot see into (DO, CALL, a volatile user-defined function)
-    // that may have run some: what a memoized plan says of a statement (cacheable, its
-    // tables, row security, the volatility of its functions) may no longer hold. Built-in
-    // volatile functions (random(), nextval()) run no DDL and keep the plans, and so does
-    // such code when a live stream carries DDL: what it ran arrives there.
-    if e.ddl || (e.hidden_settings && !db.feed.sees_ddl()) {
+    // DDL relayed here (applied at once, whatever the stream reports later), or user code
+    // pgmemo cannot see into (DO, CALL, a volatile user-defined function) that may have run
+    // some while the stream carries no DDL (no event trigger). What a memoized plan says of a
+    // statement (cacheable, its tables, row security, the volatility of its functions) may
+    // no longer hold. Built-in volatile functions (random(), nextval()) run no DDL and keep
+    // the plans.
+    let unreported_ddl = e.ddl || (e.hidden_settings && !db.feed.sees_ddl());
+    if unreported_ddl {
         db.forget_plans();
     }
     if e.database_wide {
-        // DDL is not in the stream (only its effects on rows are); everything else a statement
-        // wrote somewhere pgmemo cannot name (DO, CALL, volatile functions, triggers) arrives
-        // on a live feed, so the other sessions' entries need not all go.
-        // Not when user code ran that may have run DDL and the stream carries none (a feed
-        // whose user may not install pgmemo's event trigger): `REFRESH MATERIALIZED VIEW`
-        // in a `DO` block, say, changes rows the stream never shows.
-        let feed_sees_it = db.feed.state() == crate::cache::feed::FeedState::Live
-            && !e.ddl
-            && (!e.hidden_settings || db.feed.sees_ddl());
-        if feed_sees_it {
+        // Rows a statement wrote somewhere pgmemo cannot name (DO, CALL, volatile functions,
+        // triggers) arrive on a live feed, so the other sessions' entries need not all go;
+        // not so after DDL the stream does not report (`REFRESH MATERIALIZED VIEW` in a `DO`
+        // block changes rows the stream never shows).
+        if db.feed.state() == crate::cache::feed::FeedState::Live && !unreported_ddl {
             left_to_feed = true;
         } else {
             db.generations.invalidate_database();

@@ -16,6 +16,7 @@ use crate::shared::Shared;
 /// How long sessions told to end at the shutdown timeout get to close before shutdown
 /// stops waiting for them.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Why pgmemo could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

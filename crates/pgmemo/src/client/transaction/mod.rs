@@ -868,13 +868,12 @@ impl Pumps<'_, '_> {
                     "terminating connection due to idle-in-transaction timeout",
                 )
                 .with_detail("pgmemo's idle_transaction_timeout was reached.");
-                // Best effort, while the server is still held: a client that does not read
-                // gets a second.
+                // Best effort, while the server is still held.
                 let farewell = async {
                     cw.write_all(&err.encode()).await?;
                     cw.flush().await
                 };
-                let _ = tokio::time::timeout(Duration::from_secs(1), farewell).await;
+                let _ = tokio::time::timeout(super::session::FAREWELL_TIMEOUT, farewell).await;
                 End::ClientGone(None)
             }
         }

@@ -115,26 +115,21 @@ impl TxnCache {
         settings_pending: bool,
     ) -> Effects {
         let planned = self.portal_plan(text, statement, state, settings_pending);
-        if let Some(query) = &planned.read {
-            self.count_block_refusal(query, state);
+        if let (Some(query), Some(reason)) = (&planned.read, self.refused_in_block(state)) {
+            self.shared.cache.stats.refused_query(reason, query);
         }
         planned.effects
     }
 
-    /// Counts a cacheable read run inside a transaction block whose reads the cache may
-    /// not serve, under the block's reason (reads in a block it may serve are counted when
-    /// looked up). Nothing is counted between transactions: the lookup did.
-    fn count_block_refusal(
-        &self,
-        query: &Arc<crate::cache::stats::QueryStats>,
-        state: &ClientState,
-    ) {
+    /// Why a cacheable read run now is neither served nor stored, when the client is inside
+    /// a transaction block the cache may not serve: such reads are counted under the block's
+    /// reason (reads in a block it may serve are counted when looked up, reads between
+    /// transactions by the lookup).
+    fn refused_in_block(&self, state: &ClientState) -> Option<Refusal> {
         if state.status == TransactionStatus::Idle {
-            return;
+            return None;
         }
-        if let Err(r) = self.block_refusal(state) {
-            self.shared.cache.stats.refused_query(r, query);
-        }
+        self.block_refusal(state).err()
     }
 
     /// [`Self::effects_of`], and the statement's counters when it is a cacheable read.
@@ -240,14 +235,14 @@ impl TxnCache {
     /// `first`: no Execute came before it in its batch (the first is counted once a second
     /// shows the batch is not keyed).
     pub fn executed(&mut self, portal: &[u8], max_rows: i32, first: bool, state: &ClientState) {
-        if state.status != TransactionStatus::Idle && self.block_refusal(state).is_err() {
+        let stats = &self.shared.cache.stats;
+        if let Some(reason) = self.refused_in_block(state) {
             self.first_execute = None;
             if let Some(query) = self.portals.get(portal).and_then(|p| p.read.as_ref()) {
-                self.count_block_refusal(query, state);
+                stats.refused_query(reason, query);
             }
             return;
         }
-        let stats = &self.shared.cache.stats;
         if !first {
             if let Some(query) = self.first_execute.take() {
                 stats.refused_query(Refusal::UnsupportedBatch, &query);
