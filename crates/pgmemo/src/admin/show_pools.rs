@@ -14,6 +14,7 @@ pub fn show_pools(shared: &Shared) -> Table {
         "clients",
         "server_total",
         "server_idle",
+        "clients_waiting",
     ]);
     let mut pools = shared.pools.all();
     pools.sort_by(|a, b| {
@@ -30,6 +31,7 @@ pub fn show_pools(shared: &Shared) -> Table {
             Some(pool.leases().to_string()),
             Some(total.to_string()),
             Some(idle.to_string()),
+            Some(pool.waiting().to_string()),
         ]);
     }
     t

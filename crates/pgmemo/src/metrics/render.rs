@@ -121,7 +121,7 @@ fn pools(page: &mut Exposition, shared: &Shared) {
             let key = pool.key();
             let (idle, total) = pool.counts();
             let server = format!("{}:{}", key.host, key.port);
-            let figures = [pool.size(), pool.leases(), total, idle];
+            let figures = [pool.size(), pool.leases(), total, idle, pool.waiting()];
             (key, server, figures)
         })
         .collect();
@@ -141,6 +141,10 @@ fn pools(page: &mut Exposition, shared: &Shared) {
         (
             "pgmemo_pool_server_idle_connections",
             "Idle server connections of the pool.",
+        ),
+        (
+            "pgmemo_pool_clients_waiting",
+            "Clients queued for a place in the pool now.",
         ),
     ];
     for (column, (name, help)) in families.into_iter().enumerate() {
@@ -341,6 +345,7 @@ mod tests {
             "pgmemo_cache_enabled 1\n".to_owned(),
             format!("pgmemo_pool_size{labels} 7\n"),
             format!("pgmemo_pool_server_idle_connections{labels} 0\n"),
+            format!("pgmemo_pool_clients_waiting{labels} 0\n"),
             format!("pgmemo_cache_refusals_total{{reason=\"{reason}\"}} 1\n"),
             "pgmemo_upstream_query_seconds_bucket{le=\"0.0025\"} 0\n".to_owned(),
             "pgmemo_upstream_query_seconds_bucket{le=\"0.005\"} 1\n".to_owned(),

@@ -146,6 +146,25 @@ pub struct Pool {
     /// password: only then may `auth_type = upstream` hand an idle connection to a new client
     /// without relaying an authentication exchange.
     trust_known: AtomicBool,
+    /// Clients queued for a place now (SHOW POOLS): a pool that is too small shows here
+    /// before any wait times out.
+    waiting: AtomicUsize,
+}
+
+/// Counts a client in `Pool::waiting` while it queues.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl<'a> Queued<'a> {
+    fn new(waiting: &'a AtomicUsize) -> Queued<'a> {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Queued(waiting)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Pool {
@@ -160,6 +179,7 @@ impl Pool {
                 total: 0,
             }),
             trust_known: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
         }
     }
 
@@ -227,6 +247,7 @@ impl Pool {
             return Ok(lease);
         }
         let sleep = timer.arm(wait);
+        let _queued = Queued::new(&self.waiting);
         let permit = tokio::select! {
             biased;
             p = self.semaphore.clone().acquire_owned() => p.map_err(|_| PoolError::Closed)?,
@@ -249,6 +270,7 @@ impl Pool {
     /// Queues for a place for at most `wait` (boxed by [`Pool::acquire`]: the timer's future
     /// is large and rarely needed).
     async fn wait_for_place(self: &Arc<Self>, wait: Duration) -> Result<Lease, PoolError> {
+        let _queued = Queued::new(&self.waiting);
         let permit = match tokio::time::timeout(wait, self.semaphore.clone().acquire_owned()).await
         {
             Err(_) => return Err(PoolError::WaitTimeout(wait)),
@@ -307,6 +329,11 @@ impl Pool {
     pub fn leases(&self) -> usize {
         let owed = self.shrink_debt.load(Ordering::Acquire);
         (self.size() + owed).saturating_sub(self.semaphore.available_permits())
+    }
+
+    /// Clients queued for a place now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// The configured size.
