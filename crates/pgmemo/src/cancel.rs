@@ -2,11 +2,12 @@
 //! session that key stands for right now, so a CancelRequest reaches the right server process.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::Rng;
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
 use wire::startup::CancelKey;
 
 /// Where a cancel for one client must go, read from its [`CancelSlot`] when one arrives.
@@ -19,6 +20,12 @@ struct ServerCancelTarget {
 
 /// The server a client is attached to; changes on every checkout in transaction pooling, so
 /// setting it is one atomic store rather than a lock and a reference count.
+///
+/// A cancel takes a moment to reach PostgreSQL (a new connection to the postmaster). If the
+/// client's transaction ends meanwhile and its server goes to another client, the cancel
+/// would stop that client's query. So a cancel counts itself in flight before it reads the
+/// key, [`CancelSlot::detach`] says whether one is, and the session lets the server go only
+/// once [`CancelSlot::settle`] saw every such cancel delivered (or closes it).
 #[derive(Debug, Default)]
 pub struct CancelSlot {
     /// The server process serving the client now: process id in the high half, secret key in
@@ -27,6 +34,13 @@ pub struct CancelSlot {
     /// Where the client's servers listen. Every server a client gets comes from its one pool,
     /// which connects to one address, so this is set by the first attachment.
     address: OnceLock<(Arc<str>, u16)>,
+    /// Cancels read from this slot and not yet known to be delivered or dropped.
+    in_flight: AtomicU32,
+    /// A cancel of this slot ended without knowing whether PostgreSQL got it (no answer in
+    /// time): it may still arrive, so the server it named must not serve anyone else.
+    doubtful: AtomicBool,
+    /// Woken when the last cancel in flight ends.
+    settled: Notify,
 }
 
 impl CancelSlot {
@@ -43,13 +57,49 @@ impl CancelSlot {
         self.key.store(packed, Ordering::Release);
     }
 
-    /// The client is between servers: a cancel now has nothing to cancel.
-    pub fn detach(&self) {
-        self.key.store(0, Ordering::Release);
+    /// The client is between servers: a cancel now has nothing to cancel. Returns whether a
+    /// cancel read before is still on its way to the server the client had; then
+    /// [`CancelSlot::settle`] must run before that server serves another client.
+    #[must_use = "a cancel in flight must settle before the server serves another client"]
+    pub fn detach(&self) -> bool {
+        // SeqCst pairs with `begin`: either the cancel sees 0 here, or this sees it counted.
+        self.key.store(0, Ordering::SeqCst);
+        self.in_flight.load(Ordering::SeqCst) > 0
     }
 
+    /// Waits until no cancel of this slot is in flight. `true` when every one that ended was
+    /// delivered (or never sent); `false` when one may still reach the server, which must then
+    /// be closed rather than given to another client.
+    pub async fn settle(&self) -> bool {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return !self.doubtful.swap(false, Ordering::AcqRel);
+            }
+            settled.await;
+        }
+    }
+
+    /// Counts a cancel in flight and reads where it goes; `None` (and not counted) while
+    /// detached.
+    fn begin(self: &Arc<Self>) -> Option<(ServerCancelTarget, InFlight)> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight {
+            slot: self.clone(),
+            delivered: true,
+        };
+        let packed = self.key.load(Ordering::SeqCst);
+        self.target(packed).map(|t| (t, guard))
+    }
+
+    #[cfg(test)]
     fn get(&self) -> Option<ServerCancelTarget> {
-        let packed = self.key.load(Ordering::Acquire);
+        self.target(self.key.load(Ordering::Acquire))
+    }
+
+    fn target(&self, packed: u64) -> Option<ServerCancelTarget> {
         if packed >> 32 == 0 {
             return None;
         }
@@ -62,6 +112,24 @@ impl CancelSlot {
                 secret_key: packed as u32 as i32,
             },
         })
+    }
+}
+
+/// One cancel in flight; ends it when dropped (also when the forwarding task is dropped).
+struct InFlight {
+    slot: Arc<CancelSlot>,
+    /// Whether PostgreSQL got the cancel or certainly never will.
+    delivered: bool,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.delivered {
+            self.slot.doubtful.store(true, Ordering::Release);
+        }
+        if self.slot.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.slot.settled.notify_waiters();
+        }
     }
 }
 
@@ -116,38 +184,68 @@ impl CancelRegistry {
     /// Forwards a client's CancelRequest to its current server, if the key is valid and the
     /// client is attached to one. Invalid keys are ignored silently, as PostgreSQL does.
     pub async fn cancel(&self, key: CancelKey) -> bool {
-        let target = {
+        let slot = {
             let map = self.by_pid.lock().unwrap_or_else(|e| e.into_inner());
             match map.get(&key.process_id) {
-                Some((secret, slot)) if *secret == key.secret_key => slot.get(),
-                _ => None,
+                Some((secret, slot)) if *secret == key.secret_key => slot.clone(),
+                _ => return false,
             }
         };
-        let Some(target) = target else {
+        let Some((target, mut in_flight)) = slot.begin() else {
             return false;
         };
-        match send_cancel(&target).await {
-            Ok(()) => true,
-            Err(e) => {
+        // Until known otherwise (also if this future is dropped half-way), the cancel may
+        // still reach the server.
+        in_flight.delivered = false;
+        let outcome = tokio::time::timeout(CANCEL_TIMEOUT, send_cancel(&target)).await;
+        match outcome {
+            Ok(Ok(())) => {
+                in_flight.delivered = true;
+                true
+            }
+            Ok(Err(e)) => {
+                in_flight.delivered = matches!(e, SendError::NotSent(_));
                 tracing::warn!(error = %e, host = %target.host, "forwarding cancel request failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(host = %target.host, "the server did not take the cancel request in time");
                 false
             }
         }
     }
 }
 
-async fn send_cancel(target: &ServerCancelTarget) -> std::io::Result<()> {
-    let mut s = crate::net::connect(&target.host, target.port).await?;
-    s.write_all(&target.key.encode_cancel_request()).await?;
-    s.flush().await?;
-    // PostgreSQL closes the socket once it has read the request; waiting for that keeps the
-    // cancel ordered before anything the client does next.
+/// How long forwarding a cancel may take, from connecting to the server closing the
+/// connection. A session whose transaction ended meanwhile holds its server until then.
+const CANCEL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why a cancel was not forwarded.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    /// Nothing reached the server.
+    #[error("cannot connect: {0}")]
+    NotSent(std::io::Error),
+    /// The request may have reached the server.
+    #[error("{0}")]
+    Unconfirmed(std::io::Error),
+}
+
+async fn send_cancel(target: &ServerCancelTarget) -> Result<(), SendError> {
+    let mut s = crate::net::connect(&target.host, target.port)
+        .await
+        .map_err(SendError::NotSent)?;
+    s.write_all(&target.key.encode_cancel_request())
+        .await
+        .map_err(SendError::Unconfirmed)?;
+    s.flush().await.map_err(SendError::Unconfirmed)?;
+    // PostgreSQL signals the backend, then closes the socket: once it is closed the cancel
+    // cannot reach a later query of the backend, and is ordered before anything the client
+    // does next.
     let mut buf = [0u8; 1];
-    let _ = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        tokio::io::AsyncReadExt::read(&mut s, &mut buf),
-    )
-    .await;
+    tokio::io::AsyncReadExt::read(&mut s, &mut buf)
+        .await
+        .map_err(SendError::Unconfirmed)?;
     Ok(())
 }
 
@@ -180,9 +278,37 @@ mod tests {
                 (&*target.host, target.port, target.key),
                 ("db.example", 5433, key)
             );
-            slot.detach();
+            assert!(!slot.detach(), "no cancel in flight");
             assert!(slot.get().is_none());
         }
+    }
+
+    #[tokio::test]
+    async fn a_detached_slot_settles_once_its_cancels_end() {
+        let slot = Arc::new(CancelSlot::default());
+        let key = CancelKey {
+            process_id: 7,
+            secret_key: 9,
+        };
+        slot.attach(&Arc::from("a"), 1, key);
+        let (_, delivered) = slot.begin().expect("attached");
+        let (_, mut lost) = slot.begin().expect("attached");
+        lost.delivered = false;
+        assert!(slot.detach(), "two cancels in flight");
+        assert!(slot.begin().is_none(), "a detached slot starts no cancel");
+        let settling = tokio::spawn({
+            let slot = slot.clone();
+            async move { slot.settle().await }
+        });
+        drop(delivered);
+        tokio::task::yield_now().await;
+        assert!(!settling.is_finished(), "one cancel is still in flight");
+        drop(lost);
+        assert!(!settling.await.unwrap(), "a cancel may still arrive");
+        // The doubt is about that one server only.
+        slot.attach(&Arc::from("a"), 1, key);
+        assert!(!slot.detach());
+        assert!(slot.settle().await);
     }
 
     #[test]

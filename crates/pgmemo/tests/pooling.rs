@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use testkit::backend_pid;
 
 use pgmemo::config::Seconds;
+use pgmemo::pool::ServerState;
 use pgmemo::Config;
 use testkit::{
     assert_eventually, connect_watched, eventually_some, pgmemo_config_for, spawn_pgmemo, sqlstate,
@@ -154,6 +155,83 @@ async fn session_pooling_reuses_server_connections() {
         backend_pid(&b).await == pid
     })
     .await;
+    pgmemo.shutdown().await;
+}
+
+/// A cancel read while A's query ran reaches PostgreSQL only after A's query ended and A
+/// left (the gate holds it): the server must not serve B before that, or the cancel stops
+/// B's query.
+#[tokio::test]
+async fn a_cancel_still_on_its_way_never_stops_the_next_sessions_query() {
+    let mut gate = testkit::CancelGate::start(LocalPostgres::PORT).await;
+    let pgmemo = pgmemo_for(gate.port(), 1, |_| {}).await;
+    let app = testkit::unique("late_cancel");
+    let url = format!("{}?application_name={app}", pgmemo.url(USER, DB));
+    let (a, _a_conn) = connect_watched(&url).await;
+    let direct = LocalPostgres.client(USER, DB).await;
+    let token = a.cancel_token();
+    let a_running = tokio::spawn(async move {
+        let r = a.query("SELECT pg_sleep(1)", &[]).await.map(|_| ());
+        drop(a);
+        r
+    });
+    assert_eventually(SOON, "A's query runs", || {
+        testkit::pg_sleep_running(&direct, &app)
+    })
+    .await;
+    let cancelling = tokio::spawn(async move { token.cancel_query(NoTls).await });
+    gate.cancel_arrived().await;
+    a_running
+        .await
+        .unwrap()
+        .expect("A's cancel is still at the gate: its query ends normally");
+
+    // Without the cancel on its way, A's server is idle again within moments of A leaving;
+    // with it, it stays A's until the cancel is delivered, and this gives up after 2 s (there
+    // is no event to await then).
+    let pool = pgmemo.handle().shared().pools.all()[0].clone();
+    testkit::eventually(Duration::from_secs(2), || {
+        let pool = &pool;
+        async move { pool.counts().0 == 1 }
+    })
+    .await;
+
+    // The same startup parameters, so B is given A's server.
+    let b_url = url.clone();
+    let b_running = tokio::spawn(async move {
+        let b = testkit::connect(&b_url).await.expect("B logs in");
+        b.query_one("SELECT pg_sleep(0.5)::text", &[])
+            .await
+            .map(|_| ())
+    });
+    let shared = pgmemo.handle().shared().clone();
+    assert_eventually(SOON, "B runs or waits for the server A holds", || {
+        let (direct, pool, shared) = (&direct, &pool, &shared);
+        async move {
+            let held = shared
+                .pools
+                .servers
+                .snapshot()
+                .iter()
+                .all(|r| r.state == ServerState::Active);
+            (pool.waiting() >= 1 && held)
+                || direct
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                         AND query = 'SELECT pg_sleep(0.5)::text'",
+                        &[],
+                    )
+                    .await
+                    .is_ok_and(|r| r.get::<_, i64>(0) >= 1)
+        }
+    })
+    .await;
+    gate.release();
+    cancelling.await.unwrap().expect("the cancel is forwarded");
+    b_running
+        .await
+        .unwrap()
+        .expect("A's late cancel must not stop B's query");
     pgmemo.shutdown().await;
 }
 

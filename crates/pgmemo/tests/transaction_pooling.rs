@@ -19,7 +19,7 @@ use pgmemo::config::{Seconds, Switch};
 use testkit::{
     connect_watched, pg_sleep_running, rows, sqlstate, unique, within, LocalPostgres, TempPostgres,
 };
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::{Client, NoTls, Statement};
 use txn_support::{
     backend_pid, connect_with, create_table, db_message, drop_table, query_error, txn_pgmemo,
     value, DB, SOON, TEST_DEADLINE, USER,
@@ -1275,6 +1275,75 @@ async fn cancel_reaches_the_clients_current_server_and_never_another_clients_que
         assert_eq!(value(&a, "SELECT 1").await, "1");
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_cancel_still_on_its_way_never_stops_the_next_clients_query() {
+    within(TEST_DEADLINE, async {
+        // Every cancel waits at the gate until released: A's cancel is read while A's query
+        // runs, and reaches PostgreSQL only after that query ended and B asked for the
+        // (only) server.
+        let mut gate = testkit::CancelGate::start(LocalPostgres::PORT).await;
+        let pgmemo = txn_pgmemo(gate.port(), 1, |c| c.cache = Switch::Off).await;
+        let app = unique("txn_late_cancel");
+        let url = format!("{}?application_name={app}", pgmemo.url(USER, DB));
+        let a = testkit::connect(&url).await.unwrap();
+        let b = pgmemo.client(USER, DB).await;
+        let admin = pgmemo.client(USER, "pgmemo").await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        let token = a.cancel_token();
+        let a_running =
+            tokio::spawn(async move { a.query("SELECT pg_sleep(1)", &[]).await.map(|_| ()) });
+        let active = testkit::eventually(SOON, || pg_sleep_running(&direct, &app)).await;
+        assert!(active, "A's query never ran");
+        let cancelling = tokio::spawn(async move { token.cancel_query(NoTls).await });
+        gate.cancel_arrived().await;
+        a_running
+            .await
+            .unwrap()
+            .expect("A's cancel is still at the gate: its query ends normally");
+
+        let b_running = tokio::spawn(async move {
+            b.query_one("SELECT pg_sleep(0.5)::text", &[])
+                .await
+                .map(|_| ())
+        });
+        // B either runs already (the server went back to the pool with the cancel still on its
+        // way) or waits for the server: then the cancel goes through.
+        let b_started = testkit::eventually(SOON, || {
+            let (direct, admin) = (&direct, &admin);
+            async move {
+                let running = direct
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                         AND query = 'SELECT pg_sleep(0.5)::text'",
+                        &[],
+                    )
+                    .await
+                    .is_ok_and(|r| r.get::<_, i64>(0) >= 1);
+                running || pool_waiting(admin).await >= 1
+            }
+        })
+        .await;
+        assert!(b_started, "B neither ran nor waited");
+        gate.release();
+        cancelling.await.unwrap().expect("the cancel is forwarded");
+        b_running
+            .await
+            .unwrap()
+            .expect("A's late cancel must not stop B's query");
+    })
+    .await;
+}
+
+/// Clients queued for a place in the test's pool (`SHOW POOLS`).
+async fn pool_waiting(admin: &Client) -> usize {
+    let pools = rows(&admin.simple_query("SHOW POOLS").await.unwrap());
+    pools
+        .iter()
+        .find(|r| r[0].as_deref() == Some(DB) && r[1].as_deref() == Some(USER))
+        .and_then(|r| r[7].as_deref()?.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test]

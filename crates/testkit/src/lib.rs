@@ -12,6 +12,7 @@
 //!   no other test uses.
 //! - [`connect`], [`rows`], [`sqlstate`]: a client and what it gets back, as text.
 //! - [`pg_client`], [`run_ok`]: psql and pgbench with a clean environment and a deadline.
+//! - [`CancelGate`]: a forwarder to PostgreSQL that holds cancel requests until released.
 //!
 //! Everything is per-instance (own directory, own port), so tests can run in parallel.
 
@@ -19,6 +20,7 @@
 
 mod client;
 mod eventually;
+mod gate;
 mod names;
 mod pgmemo;
 mod ports;
@@ -30,6 +32,7 @@ pub use client::{
     backend_pid, connect, connect_watched, pg_sleep_running, rows, sqlstate, url, url_with_password,
 };
 pub use eventually::{assert_eventually, eventually, eventually_some, within, POLL_INTERVAL};
+pub use gate::CancelGate;
 pub use names::unique;
 pub use pgmemo::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, PgmemoProcess};
 pub use ports::free_port;

@@ -117,8 +117,9 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
     });
 
     if let Some(mut state) = txn_state {
-        registration.slot.detach();
-        lease.return_idle(server, true);
+        // The client may have sent a cancel as soon as it had its key.
+        let settled = !registration.slot.detach() || registration.slot.settle().await;
+        lease.return_idle(server, settled);
         let end =
             super::transaction::run(&mut client, &shared, &route, &mut state, &registration.slot)
                 .await;
@@ -148,7 +149,8 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
                 .untracked_session(&route.key.host, route.key.port, &route.key.database);
         relay::run(&mut client, &mut server, &shared, max_message).await
     };
-    registration.slot.detach();
+    // A cancel on its way to this server must not reach the next client's query.
+    let settled = !registration.slot.detach() || registration.slot.settle().await;
     drop(registration);
 
     let settings = pool_settings(&shared.config());
@@ -163,7 +165,11 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
             if state == crate::pool::ReleaseState::Dirty {
                 Stats::bump(&shared.stats.servers_closed_dirty);
             }
-            lease.release(server, state, settings);
+            if settled {
+                lease.release(server, state, settings);
+            } else {
+                lease.discard(server);
+            }
         }
     }
     tell_why_session_ends(&mut client, &end, &shared).await;

@@ -394,7 +394,10 @@ impl ServerConn {
     pub fn attach_cancel(&self, slot: &CancelSlot) {
         match self.key {
             Some(key) => slot.attach(&self.host, self.port, key),
-            None => slot.detach(),
+            // A new connection: nothing of this client's was sent to it yet.
+            None => {
+                let _ = slot.detach();
+            }
         }
     }
 

@@ -252,7 +252,8 @@ pub async fn run(
             cache.as_mut(),
         )
         .await;
-        cancel.detach();
+        // A cancel on its way to this server must not reach the next client's query.
+        let cancel_settled = !cancel.detach() || cancel.settle().await;
         server.status = state.status;
         // Shared by every session: written only when there is something to add.
         let stats = &shared.stats;
@@ -283,6 +284,9 @@ pub async fn run(
             "detach"
         );
         match attached {
+            Attached::Released if !cancel_settled => {
+                lease.discard(server);
+            }
             Attached::Released => {
                 if !state.verify.is_empty() {
                     verify_settings(&mut server, state).await;
@@ -297,7 +301,14 @@ pub async fn run(
                 if let Some(cache) = cache.as_mut() {
                     cache.abandoned();
                 }
-                finish(lease, server, &end, at_boundary, state.status, shared);
+                finish(
+                    lease,
+                    server,
+                    &end,
+                    at_boundary && cancel_settled,
+                    state.status,
+                    shared,
+                );
                 return end;
             }
         }
