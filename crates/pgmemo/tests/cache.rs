@@ -1240,6 +1240,39 @@ async fn operators_of_a_schema_whose_name_needs_quotes_are_checked() {
     );
 }
 
+/// pgmemo's catalog lookup runs in the client's session, under the client's search_path: a
+/// schema listed before pg_catalog must not replace the functions, operators or types the
+/// lookup uses. Here the client's own `to_regclass` made a table with row security look like
+/// a plain one, and its rows were cached (and tied to the other table's invalidations).
+#[tokio::test]
+async fn the_catalog_lookup_cannot_be_misled_through_the_search_path() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE r AS SELECT * FROM t; ALTER TABLE r ENABLE ROW LEVEL SECURITY;
+         CREATE SCHEMA lure;
+         CREATE FUNCTION lure.to_regclass(text) RETURNS regclass IMMUTABLE LANGUAGE sql
+           AS $$SELECT 'public.t'::pg_catalog.regclass$$;
+         CREATE FUNCTION lure.quote_ident(text) RETURNS text IMMUTABLE LANGUAGE sql
+           AS $$SELECT 't'$$;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    for client in [&c, &direct] {
+        client
+            .batch_execute("SET search_path = lure, public, pg_catalog")
+            .await
+            .unwrap();
+    }
+    assert_refused(
+        &memo,
+        &c,
+        &direct,
+        "SELECT v FROM r WHERE id = 1",
+        "row_level_security",
+    )
+    .await;
+}
+
 /// A user-defined aggregate is as volatile as the worst of its support functions (PostgreSQL
 /// records every aggregate as immutable): one whose transition function is volatile keeps
 /// its reads out of the cache.

@@ -108,7 +108,7 @@ pub type Name<'a> = (Option<&'a str>, &'a str);
 
 fn literal(out: &mut String, value: Option<&str>) -> Result<(), CatalogError> {
     match value {
-        None => out.push_str("NULL::text"),
+        None => out.push_str("NULL::pg_catalog.text"),
         Some(v) => {
             // Backslashes would mean different things under standard_conforming_strings=off.
             if v.contains('\\') || v.contains('\0') {
@@ -125,7 +125,7 @@ fn literal(out: &mut String, value: Option<&str>) -> Result<(), CatalogError> {
 fn values(out: &mut String, names: &[Name<'_>]) -> Result<(), CatalogError> {
     if names.is_empty() {
         // An empty VALUES list is not valid SQL: a row that matches nothing stands in.
-        out.push_str("SELECT -1, NULL::text, NULL::text WHERE false");
+        out.push_str("SELECT -1, NULL::pg_catalog.text, NULL::pg_catalog.text WHERE false");
         return Ok(());
     }
     out.push_str("VALUES ");
@@ -164,35 +164,38 @@ pub fn lookup_query(
     Ok(q)
 }
 
+/// Runs in the client's session, under its search_path, which may list the client's own
+/// schemas before pg_catalog: every function, operator and type is named with its schema
+/// (`OPERATOR(pg_catalog.=)`), so none of the client's can stand in for it.
 const LOOKUP_BODY: &str = r#"),
-roots AS (SELECT i, rel, nsp, to_regclass(CASE WHEN nsp IS NULL THEN quote_ident(rel) ELSE quote_ident(nsp) || '.' || quote_ident(rel) END)::oid AS oid FROM names),
+roots AS (SELECT i, rel, nsp, pg_catalog.to_regclass(CASE WHEN nsp IS NULL THEN pg_catalog.quote_ident(rel) ELSE pg_catalog.textcat(pg_catalog.textcat(pg_catalog.quote_ident(nsp), '.'), pg_catalog.quote_ident(rel)) END)::pg_catalog.oid AS oid FROM names),
 deps(i, oid, how) AS (
-  SELECT i, oid, 'r'::text FROM roots WHERE oid IS NOT NULL
+  SELECT i, oid, 'r'::pg_catalog.text FROM roots WHERE oid IS NOT NULL
   UNION
   SELECT d.i, x.oid, x.how FROM deps d, LATERAL (
-    SELECT h.inhrelid AS oid, 'd'::text AS how FROM pg_catalog.pg_inherits h WHERE h.inhparent = d.oid AND d.how IN ('r','d','b','f')
-    UNION ALL SELECT h.inhparent, 'a' FROM pg_catalog.pg_inherits h WHERE h.inhrelid = d.oid AND d.how IN ('r','a','b')
-    UNION ALL SELECT dp.refobjid, 'b' FROM pg_catalog.pg_rewrite rw JOIN pg_catalog.pg_depend dp ON dp.classid = 'pg_catalog.pg_rewrite'::regclass AND dp.objid = rw.oid AND dp.refclassid = 'pg_catalog.pg_class'::regclass WHERE rw.ev_class = d.oid AND dp.refobjid <> d.oid AND d.how IN ('r','b')
-    UNION ALL SELECT con.conrelid, 'f' FROM pg_catalog.pg_constraint con WHERE con.confrelid = d.oid AND con.contype = 'f' AND (con.confdeltype IN ('c','n','d') OR con.confupdtype IN ('c','n','d')) AND d.how IN ('r','b','f','d')
+    SELECT h.inhrelid AS oid, 'd'::pg_catalog.text AS how FROM pg_catalog.pg_inherits h WHERE h.inhparent OPERATOR(pg_catalog.=) d.oid AND d.how OPERATOR(pg_catalog.=) ANY ('{r,d,b,f}'::pg_catalog.text[])
+    UNION ALL SELECT h.inhparent, 'a' FROM pg_catalog.pg_inherits h WHERE h.inhrelid OPERATOR(pg_catalog.=) d.oid AND d.how OPERATOR(pg_catalog.=) ANY ('{r,a,b}'::pg_catalog.text[])
+    UNION ALL SELECT dp.refobjid, 'b' FROM pg_catalog.pg_rewrite rw JOIN pg_catalog.pg_depend dp ON dp.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND dp.objid OPERATOR(pg_catalog.=) rw.oid AND dp.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass WHERE rw.ev_class OPERATOR(pg_catalog.=) d.oid AND dp.refobjid OPERATOR(pg_catalog.<>) d.oid AND d.how OPERATOR(pg_catalog.=) ANY ('{r,b}'::pg_catalog.text[])
+    UNION ALL SELECT con.conrelid, 'f' FROM pg_catalog.pg_constraint con WHERE con.confrelid OPERATOR(pg_catalog.=) d.oid AND con.contype OPERATOR(pg_catalog.=) 'f' AND (con.confdeltype OPERATOR(pg_catalog.=) ANY ('{c,n,d}'::pg_catalog."char"[]) OR con.confupdtype OPERATOR(pg_catalog.=) ANY ('{c,n,d}'::pg_catalog."char"[])) AND d.how OPERATOR(pg_catalog.=) ANY ('{r,b,f,d}'::pg_catalog.text[])
   ) x
 )
-SELECT 'r', d.i, d.oid::int8, d.how, c.relkind::text, c.relpersistence::text, c.relrowsecurity::text, n.nspname::text, c.relname::text,
-  ((c.relkind <> 'v' AND c.relhasrules) OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal))::text,
-  CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END
-  FROM deps d JOIN pg_catalog.pg_class c ON c.oid = d.oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+SELECT 'r', d.i, d.oid::pg_catalog.int8, d.how, c.relkind::pg_catalog.text, c.relpersistence::pg_catalog.text, c.relrowsecurity::pg_catalog.text, n.nspname::pg_catalog.text, c.relname::pg_catalog.text,
+  ((c.relkind OPERATOR(pg_catalog.<>) 'v' AND c.relhasrules) OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND NOT t.tgisinternal))::pg_catalog.text,
+  CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END
+  FROM deps d JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.oid JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
 UNION ALL SELECT 'u', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM roots WHERE oid IS NULL
-UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM names WHERE nsp IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname = names.rel AND c.relpersistence = 't')
-UNION ALL SELECT 'p', f.i, p.oid::int8, CASE WHEN p.prokind = 'a' THEN (
-    SELECT CASE WHEN bool_or(sp.provolatile = 'v') THEN 'v' WHEN bool_or(sp.provolatile = 's') THEN 's' ELSE 'i' END
-    FROM pg_catalog.pg_aggregate a JOIN pg_catalog.pg_proc sp ON sp.oid = p.oid OR sp.oid IN (a.aggtransfn, a.aggfinalfn, a.aggcombinefn, a.aggserialfn, a.aggdeserialfn, a.aggmtransfn, a.aggminvtransfn, a.aggmfinalfn)
-    WHERE a.aggfnoid = p.oid) ELSE p.provolatile::text END, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname = f.fn
-  AND ((f.nsp IS NULL AND p.pronamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR p.pronamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
-UNION ALL SELECT 'o', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname = f.op AND o.oid >= 16384
-  AND ((f.nsp IS NULL AND o.oprnamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR o.oprnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
-  JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
-UNION ALL SELECT 'c', f.i, p.oid::int8, p.provolatile::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM tnames f JOIN pg_catalog.pg_type t ON t.typname = f.typ
-  AND ((f.nsp IS NULL AND t.typnamespace = ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = ANY (pg_catalog.current_schemas(true)))) OR t.typnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = f.nsp))
-  JOIN pg_catalog.pg_proc p ON p.oid IN (SELECT c.castfunc FROM pg_catalog.pg_cast c WHERE c.casttarget = t.oid AND c.oid >= 16384 UNION ALL SELECT t.typinput::oid WHERE t.typinput::oid >= 16384)"#;
+UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM names WHERE nsp IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname OPERATOR(pg_catalog.=) names.rel AND c.relpersistence OPERATOR(pg_catalog.=) 't')
+UNION ALL SELECT 'p', f.i, p.oid::pg_catalog.int8, CASE WHEN p.prokind OPERATOR(pg_catalog.=) 'a' THEN (
+    SELECT CASE WHEN pg_catalog.bool_or(sp.provolatile OPERATOR(pg_catalog.=) 'v') THEN 'v' WHEN pg_catalog.bool_or(sp.provolatile OPERATOR(pg_catalog.=) 's') THEN 's' ELSE 'i' END
+    FROM pg_catalog.pg_aggregate a JOIN pg_catalog.pg_proc sp ON sp.oid OPERATOR(pg_catalog.=) p.oid OR sp.oid OPERATOR(pg_catalog.=) ANY (ARRAY[a.aggtransfn::pg_catalog.oid, a.aggfinalfn::pg_catalog.oid, a.aggcombinefn::pg_catalog.oid, a.aggserialfn::pg_catalog.oid, a.aggdeserialfn::pg_catalog.oid, a.aggmtransfn::pg_catalog.oid, a.aggminvtransfn::pg_catalog.oid, a.aggmfinalfn::pg_catalog.oid])
+    WHERE a.aggfnoid OPERATOR(pg_catalog.=) p.oid) ELSE p.provolatile::pg_catalog.text END, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname OPERATOR(pg_catalog.=) f.fn
+  AND ((f.nsp IS NULL AND p.pronamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR p.pronamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
+UNION ALL SELECT 'o', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname OPERATOR(pg_catalog.=) f.op AND o.oid OPERATOR(pg_catalog.>=) 16384
+  AND ((f.nsp IS NULL AND o.oprnamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR o.oprnamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
+  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) o.oprcode
+UNION ALL SELECT 'c', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM tnames f JOIN pg_catalog.pg_type t ON t.typname OPERATOR(pg_catalog.=) f.typ
+  AND ((f.nsp IS NULL AND t.typnamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR t.typnamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
+  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) ANY (SELECT c.castfunc FROM pg_catalog.pg_cast c WHERE c.casttarget OPERATOR(pg_catalog.=) t.oid AND c.oid OPERATOR(pg_catalog.>=) 16384 UNION ALL SELECT t.typinput::pg_catalog.oid WHERE t.typinput::pg_catalog.oid OPERATOR(pg_catalog.>=) 16384)"#;
 
 /// A row of the lookup's answer, as text columns (NULL as `None`).
 pub type Row = Vec<Option<String>>;
@@ -265,13 +268,51 @@ pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
 mod tests {
     use super::*;
 
+    /// The lookup runs under the client's search_path, which may list the client's schemas
+    /// before pg_catalog: every function, operator and type it names must be pg_catalog's.
+    #[test]
+    fn the_lookup_names_only_pg_catalogs_functions_operators_and_types() {
+        let q = lookup_query(
+            &[(None, "t")],
+            &[(None, "f")],
+            &[(None, "+")],
+            &[(None, "d")],
+        )
+        .unwrap();
+        for op in [" = ", " <> ", " >= ", " <= ", " < ", " > ", " || ", " IN ("] {
+            assert!(!q.contains(op), "unqualified {op:?} in {q}");
+        }
+        for (at, _) in q.match_indices("::") {
+            assert!(
+                q[at + 2..].starts_with("pg_catalog."),
+                "cast at {}",
+                &q[at..]
+            );
+        }
+        let bytes = q.as_bytes();
+        for (at, _) in q.match_indices('(') {
+            let start = q[..at]
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+                .map_or(0, |i| i + 1);
+            let word = &q[start..at];
+            let allowed = [
+                "", "ANY", "EXISTS", "OPERATOR", "names", "fnames", "onames", "tnames", "deps",
+            ];
+            assert!(
+                word.starts_with("pg_catalog.") || allowed.contains(&word),
+                "unqualified call {word}( in {}",
+                String::from_utf8_lossy(&bytes[start..(at + 40).min(bytes.len())])
+            );
+        }
+    }
+
     #[test]
     fn names_are_quoted_and_backslashes_refused() {
         let q = lookup_query(&[(Some("s"), "it's")], &[], &[(None, "+")], &[(None, "t")]).unwrap();
         assert!(q.contains("(0, 's', 'it''s')"), "{q}");
         assert!(q.contains("WHERE false"), "empty function list: {q}");
         assert!(
-            q.contains("onames(i, nsp, op) AS (VALUES (0, NULL::text, '+'))"),
+            q.contains("onames(i, nsp, op) AS (VALUES (0, NULL::pg_catalog.text, '+'))"),
             "{q}"
         );
         assert_eq!(
