@@ -356,7 +356,7 @@ mod tests {
         let families = page.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = page.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(families, helps);
-        assert_eq!(families, 12 + 4 + 1 + 11 + 3 + 2 + 4 + 1, "{page}");
+        assert_eq!(families, 12 + 4 + 1 + 11 + 3 + 2 + 5 + 1, "{page}");
         assert_eq!(
             page.matches("pgmemo_cache_refusals_total{").count(),
             Refusal::ALL.len(),
