@@ -1273,6 +1273,25 @@ async fn the_catalog_lookup_cannot_be_misled_through_the_search_path() {
     .await;
 }
 
+/// `t.f` is a call of `f(t)` when `t` has no column `f` (attribute notation): a volatile
+/// function called so keeps the read out of the cache, and a plain qualified column does not.
+#[tokio::test]
+async fn functions_called_with_attribute_notation_are_checked() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE FUNCTION shout(t) RETURNS text VOLATILE LANGUAGE sql AS $$SELECT $1.v || '!'$$;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    for sql in [
+        "SELECT t.shout FROM t WHERE id = 1",
+        "SELECT (t).shout FROM t WHERE id = 1",
+    ] {
+        assert_refused(&memo, &c, &direct, sql, "volatile_function").await;
+    }
+    assert!(served_from_cache(&c, &direct, "SELECT t.v FROM t WHERE t.id = 1").await);
+}
+
 /// A user-defined aggregate is as volatile as the worst of its support functions (PostgreSQL
 /// records every aggregate as immutable): one whose transition function is volatile keeps
 /// its reads out of the cache.

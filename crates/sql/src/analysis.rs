@@ -58,6 +58,11 @@ pub struct StatementInfo {
     /// input function), which a user-defined cast or type may make volatile. Implicit casts
     /// are not listed.
     pub casts: Vec<TypeName>,
+    /// The last name of every qualified column reference (`t.f`, `s.t.f`) and every field
+    /// selection (`(x).f`): PostgreSQL takes one that is no column of the row for a call of
+    /// the function `f` with the row as its argument (attribute notation), which may be
+    /// volatile. Most are plain columns; the catalog tells.
+    pub attributes: Vec<String>,
     /// SQL-standard niladic functions (`CURRENT_TIMESTAMP`, `CURRENT_USER`, ...), which the
     /// grammar does not turn into named calls: their results depend on time or role.
     pub sql_value_functions: Vec<SqlValueFunction>,

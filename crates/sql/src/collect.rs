@@ -29,6 +29,7 @@ pub(crate) struct Collector {
     pub functions: Vec<FunctionName>,
     pub operators: Vec<OperatorName>,
     pub casts: Vec<TypeName>,
+    pub attributes: Vec<String>,
     pub sql_value_functions: Vec<SqlValueFunction>,
     pub locking: bool,
     pub data_modifying_cte: bool,
@@ -50,6 +51,18 @@ impl Collector {
             }
             NodeRef::AExpr(e) => {
                 self.a_expr(e);
+                self.children(node, role);
+            }
+            // `t.f` and `(x).f` select a column, or call a function `f` of the row (attribute
+            // notation): which one only the catalog tells.
+            NodeRef::ColumnRef(c) if c.fields.len() >= 2 => {
+                self.attribute(c.fields.last());
+                self.children(node, role);
+            }
+            NodeRef::AIndirection(ind) => {
+                for field in &ind.indirection {
+                    self.attribute(Some(field));
+                }
                 self.children(node, role);
             }
             NodeRef::SubLink(link) => {
@@ -293,6 +306,12 @@ impl Collector {
             Role::Write => &mut self.writes,
         };
         push_unique(list, RelationName::new(schema, &rv.relname));
+    }
+
+    fn attribute(&mut self, field: Option<&Node>) {
+        if let Some(NodeEnum::String(name)) = field.and_then(|f| f.node.as_ref()) {
+            push_unique(&mut self.attributes, name.sval.clone());
+        }
     }
 
     fn function(&mut self, funcname: &[Node]) {

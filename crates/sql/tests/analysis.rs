@@ -739,6 +739,28 @@ fn casts_everywhere() {
     check_names(rows, |s| s.casts.iter().map(ToString::to_string).collect());
 }
 
+/// Each row: a statement and the names that may be attribute-notation calls (`t.f`,
+/// `(x).f`): the last name of qualified column references and field selections.
+#[test]
+fn attributes_everywhere() {
+    let rows: &[(&str, &[&str])] = &[
+        ("SELECT a, b FROM t WHERE c = 1", &[]),
+        (
+            "SELECT t.a, s.t.b, t.* FROM s.t WHERE t.c = 1 ORDER BY t.d",
+            &["a", "b", "c", "d"],
+        ),
+        (
+            "SELECT (t).f, (row(1, 2)).g, (x).h.i FROM t",
+            &["f", "g", "h", "i"],
+        ),
+        (
+            "UPDATE t SET a = 1 WHERE t.id IN (SELECT u.id FROM u)",
+            &["id"],
+        ),
+    ];
+    check_names(rows, |s| s.attributes.clone());
+}
+
 /// Checks each row (a statement and the names it must report, in any order) against the
 /// names `report` reads off the statement's analysis; lists every mismatch at once.
 fn check_names(rows: &[(&str, &[&str])], report: impl Fn(&sql::StatementInfo) -> Vec<String>) {

@@ -92,6 +92,10 @@ pub struct Facts {
     /// when it was created after initdb. Built-in casts are left out for the operators'
     /// reason (the stable ones depend on `TimeZone`, `lc_monetary` and `search_path`).
     pub casts: Vec<Function>,
+    /// For each name of a qualified column reference or field selection, the functions of
+    /// the search path that attribute notation (`t.f`) could call: one argument (others
+    /// defaulted) of a composite or pseudo type. None for a name that is only a column.
+    pub attributes: Vec<Function>,
 }
 
 /// Why a lookup's answer could not be read.
@@ -150,6 +154,7 @@ pub fn lookup_query(
     functions: &[Name<'_>],
     operators: &[Name<'_>],
     casts: &[Name<'_>],
+    attributes: &[Name<'_>],
 ) -> Result<String, CatalogError> {
     let mut q = String::with_capacity(4096);
     q.push_str("/* pgmemo catalog lookup */ WITH RECURSIVE names(i, nsp, rel) AS (");
@@ -160,6 +165,8 @@ pub fn lookup_query(
     values(&mut q, operators)?;
     q.push_str("), tnames(i, nsp, typ) AS (");
     values(&mut q, casts)?;
+    q.push_str("), anames(i, nsp, attr) AS (");
+    values(&mut q, attributes)?;
     q.push_str(LOOKUP_BODY);
     Ok(q)
 }
@@ -193,6 +200,10 @@ UNION ALL SELECT 'p', f.i, p.oid::pg_catalog.int8, CASE WHEN p.prokind OPERATOR(
 UNION ALL SELECT 'o', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname OPERATOR(pg_catalog.=) f.op AND o.oid OPERATOR(pg_catalog.>=) 16384
   AND ((f.nsp IS NULL AND o.oprnamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR o.oprnamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
   JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) o.oprcode
+UNION ALL SELECT 'a', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM anames f JOIN pg_catalog.pg_proc p ON p.proname OPERATOR(pg_catalog.=) f.attr
+  AND p.pronargs OPERATOR(pg_catalog.>=) 1 AND p.pronargs OPERATOR(pg_catalog.-) p.pronargdefaults OPERATOR(pg_catalog.<=) 1
+  AND p.pronamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))
+  AND EXISTS (SELECT 1 FROM pg_catalog.pg_type ty WHERE ty.oid OPERATOR(pg_catalog.=) p.proargtypes[0] AND ty.typtype OPERATOR(pg_catalog.=) ANY ('{c,p}'::pg_catalog."char"[]))
 UNION ALL SELECT 'c', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM tnames f JOIN pg_catalog.pg_type t ON t.typname OPERATOR(pg_catalog.=) f.typ
   AND ((f.nsp IS NULL AND t.typnamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR t.typnamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
   JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) ANY (SELECT c.castfunc FROM pg_catalog.pg_cast c WHERE c.casttarget OPERATOR(pg_catalog.=) t.oid AND c.oid OPERATOR(pg_catalog.>=) 16384 UNION ALL SELECT t.typinput::pg_catalog.oid WHERE t.typinput::pg_catalog.oid OPERATOR(pg_catalog.>=) 16384)"#;
@@ -246,7 +257,7 @@ pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
             }
             Some("u") => facts.unresolved.push(index),
             Some("t") => facts.temp_shadowed.push(index),
-            Some(kind @ ("p" | "o" | "c")) => {
+            Some(kind @ ("p" | "o" | "c" | "a")) => {
                 let function = Function {
                     name_index: index,
                     volatility: byte(row, 3),
@@ -255,6 +266,7 @@ pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
                 match kind {
                     "p" => facts.functions.push(function),
                     "o" => facts.operators.push(function),
+                    "a" => facts.attributes.push(function),
                     _ => facts.casts.push(function),
                 }
             }
@@ -277,6 +289,7 @@ mod tests {
             &[(None, "f")],
             &[(None, "+")],
             &[(None, "d")],
+            &[(None, "a")],
         )
         .unwrap();
         for op in [" = ", " <> ", " >= ", " <= ", " < ", " > ", " || ", " IN ("] {
@@ -296,7 +309,8 @@ mod tests {
                 .map_or(0, |i| i + 1);
             let word = &q[start..at];
             let allowed = [
-                "", "ANY", "EXISTS", "OPERATOR", "names", "fnames", "onames", "tnames", "deps",
+                "", "ANY", "EXISTS", "OPERATOR", "names", "fnames", "onames", "tnames", "anames",
+                "deps",
             ];
             assert!(
                 word.starts_with("pg_catalog.") || allowed.contains(&word),
@@ -308,7 +322,14 @@ mod tests {
 
     #[test]
     fn names_are_quoted_and_backslashes_refused() {
-        let q = lookup_query(&[(Some("s"), "it's")], &[], &[(None, "+")], &[(None, "t")]).unwrap();
+        let q = lookup_query(
+            &[(Some("s"), "it's")],
+            &[],
+            &[(None, "+")],
+            &[(None, "t")],
+            &[],
+        )
+        .unwrap();
         assert!(q.contains("(0, 's', 'it''s')"), "{q}");
         assert!(q.contains("WHERE false"), "empty function list: {q}");
         assert!(
@@ -316,7 +337,7 @@ mod tests {
             "{q}"
         );
         assert_eq!(
-            lookup_query(&[(None, "a\\b")], &[], &[], &[]),
+            lookup_query(&[(None, "a\\b")], &[], &[], &[], &[]),
             Err(CatalogError::UnsafeName)
         );
     }

@@ -219,6 +219,9 @@ pub struct LookupNames {
     pub operators: Vec<OwnedName>,
     /// Target types of explicit casts.
     pub casts: Vec<OwnedName>,
+    /// Names that may be attribute-notation calls (`sql::StatementInfo::attributes`),
+    /// unqualified.
+    pub attributes: Vec<OwnedName>,
 }
 
 /// The names `statements` need looked up.
@@ -242,6 +245,9 @@ pub fn names_to_look_up(statements: &[StatementInfo]) -> LookupNames {
         for c in &s.casts {
             add(&mut names.casts, &c.schema, &c.name);
         }
+        for a in &s.attributes {
+            add(&mut names.attributes, &None, a);
+        }
     }
     names
 }
@@ -250,7 +256,8 @@ pub fn names_to_look_up(statements: &[StatementInfo]) -> LookupNames {
 pub fn needs_catalog(statements: &[StatementInfo]) -> bool {
     statements.iter().any(|s| {
         !s.functions.is_empty()
-            || ((!s.operators.is_empty() || !s.casts.is_empty()) && is_query(s))
+            || ((!s.operators.is_empty() || !s.casts.is_empty() || !s.attributes.is_empty())
+                && is_query(s))
             || (!s.reads.is_empty() && is_query(s))
             || (!s.writes.is_empty()
                 && (is_dml(&s.kind) || matches!(s.kind, StatementKind::Copy { from: false, .. })))
@@ -365,12 +372,18 @@ fn hidden_calls<'a>(
     let casts = s.casts.iter().filter_map(|c| {
         name_index(&inputs.names.casts, &c.schema, &c.name).map(|i| (&facts.casts, i))
     });
-    operators.chain(casts).flat_map(|(found, i)| {
-        found
-            .iter()
-            .filter(move |p| p.name_index == i)
-            .map(|p| p.volatility)
-    })
+    let attributes = s.attributes.iter().filter_map(|a| {
+        name_index(&inputs.names.attributes, &None, a).map(|i| (&facts.attributes, i))
+    });
+    operators
+        .chain(casts)
+        .chain(attributes)
+        .flat_map(|(found, i)| {
+            found
+                .iter()
+                .filter(move |p| p.name_index == i)
+                .map(|p| p.volatility)
+        })
 }
 
 /// Whether the catalog's answer shows a volatile function behind a user-defined operator or
@@ -559,7 +572,8 @@ fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal
     let needs_facts = !s.reads.is_empty()
         || !s.functions.is_empty()
         || !s.operators.is_empty()
-        || !s.casts.is_empty();
+        || !s.casts.is_empty()
+        || !s.attributes.is_empty();
     let facts = match inputs.facts {
         Some(f) => f,
         None if needs_facts => return Err(Refusal::CatalogUnavailable),

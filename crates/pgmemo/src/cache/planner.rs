@@ -180,6 +180,7 @@ async fn look_up<C: Catalog>(
         &borrowed(&names.functions),
         &borrowed(&names.operators),
         &borrowed(&names.casts),
+        &borrowed(&names.attributes),
     ) else {
         return Ok(None);
     };
