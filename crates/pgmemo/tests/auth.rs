@@ -737,3 +737,81 @@ async fn scram_salts_do_not_tell_listed_users_from_unknown_ones() {
     // Logins still work.
     assert_login(&pgmemo, LOCAL_PLAIN).await;
 }
+
+/// A server that answers pgmemo's SCRAM login with AuthenticationOk right after the client's
+/// final message, without the SASLFinal that proves it knows the password (what an impostor
+/// between pgmemo and PostgreSQL would do), then says it is ready. It keeps every connection
+/// open until dropped.
+async fn scram_impostor() -> (u16, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    fn auth(code: i32, data: &[u8]) -> Vec<u8> {
+        let mut m = vec![b'R'];
+        m.extend_from_slice(&(8 + data.len() as i32).to_be_bytes());
+        m.extend_from_slice(&code.to_be_bytes());
+        m.extend_from_slice(data);
+        m
+    }
+    async fn message(s: &mut tokio::net::TcpStream) -> Vec<u8> {
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head).await.unwrap();
+        let len = i32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        s.read_exact(&mut body).await.unwrap();
+        body
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut len = [0u8; 4];
+            s.read_exact(&mut len).await.unwrap();
+            let mut startup = vec![0u8; i32::from_be_bytes(len) as usize - 4];
+            s.read_exact(&mut startup).await.unwrap();
+            s.write_all(&auth(10, b"SCRAM-SHA-256\0\0")).await.unwrap();
+            let first = message(&mut s).await;
+            let text = String::from_utf8_lossy(&first);
+            let nonce = text
+                .split("r=")
+                .nth(1)
+                .unwrap()
+                .trim_end_matches('\0')
+                .to_owned();
+            let server_first = format!("r={nonce}impostor,s=c2FsdHNhbHQ=,i=4096");
+            s.write_all(&auth(11, server_first.as_bytes()))
+                .await
+                .unwrap();
+            message(&mut s).await;
+            let mut rest = auth(0, b"");
+            rest.extend_from_slice(&[b'K', 0, 0, 0, 12, 0, 0, 0, 7, 0, 0, 0, 9]);
+            rest.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
+            s.write_all(&rest).await.unwrap();
+            held.push(s);
+        }
+    });
+    (port, task)
+}
+
+/// pgmemo logs in to PostgreSQL with SCRAM and its own password: a server that does not
+/// complete the exchange (no SASLFinal) is not taken for PostgreSQL, and the client's login
+/// fails instead of reaching it.
+#[tokio::test]
+async fn a_server_that_skips_the_scram_proof_is_refused() {
+    let (port, impostor) = scram_impostor().await;
+    let (_dir, path) = write_userlist(&[("app", "app-pw".to_owned())]);
+    let pgmemo = start_pgmemo(Config {
+        auth_type: AuthType::Trust,
+        auth_file: Some(path),
+        ..pgmemo_config_for(port)
+    })
+    .await;
+    let e = match connect(pgmemo.port(), "app", None, "app").await {
+        Ok(_) => panic!("a client logged in through a server that never proved itself"),
+        Err(e) => e,
+    };
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("no ErrorResponse: {e:?}"));
+    assert!(db.message().contains("SASLFinal"), "{db:?}");
+    impostor.abort();
+}

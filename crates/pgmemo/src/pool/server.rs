@@ -219,6 +219,15 @@ impl ServerConn {
             };
             let need_pw = || password.ok_or_else(|| ServerError::NoPassword(user.to_owned()));
             match auth {
+                // SCRAM authenticates both sides: a server that ends the exchange before its
+                // SASLFinal never proved it knows the password (an impostor would).
+                Authentication::Ok if scram.is_some() || key_scram.is_some() => {
+                    return Err(ServerError::Scram(
+                        "the server ended SCRAM authentication without proving it knows the \
+                         password (AuthenticationOk before SASLFinal)"
+                            .into(),
+                    ))
+                }
                 Authentication::Ok => return Ok(()),
                 Authentication::CleartextPassword => {
                     self.send(&frontend::password_message(need_pw()?)).await?;
