@@ -1346,6 +1346,40 @@ async fn pool_waiting(admin: &Client) -> usize {
         .unwrap_or(0)
 }
 
+/// An error raised by a Sync itself (the implicit transaction's commit failing on a deferred
+/// constraint) skips nothing: the batch pipelined after it runs and is answered, on the
+/// same server, as PostgreSQL does.
+#[tokio::test]
+async fn an_error_at_sync_leaves_the_next_pipelined_batch_alone() {
+    within(TEST_DEADLINE, async {
+        let parent = create_table("txn_dparent", "(id int PRIMARY KEY)").await;
+        let child = create_table(
+            "txn_dchild",
+            &format!("(pid int REFERENCES {parent} DEFERRABLE INITIALLY DEFERRED)"),
+        )
+        .await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let c = pgmemo.client(USER, DB).await;
+        let insert = c
+            .prepare(&format!("INSERT INTO {child} VALUES (99)"))
+            .await
+            .unwrap();
+        let select = c.prepare("SELECT 42").await.unwrap();
+        let (inserted, selected) = tokio::time::timeout(SOON, async {
+            tokio::join!(c.execute(&insert, &[]), c.query_one(&select, &[]))
+        })
+        .await
+        .expect("both pipelined batches are answered");
+        let e = inserted.expect_err("the deferred foreign key fails at commit");
+        assert_eq!(sqlstate(&e), Some("23503"), "{e}");
+        assert_eq!(selected.expect("the next batch runs").get::<_, i32>(0), 42);
+        assert_eq!(value(&c, "SELECT 1").await, "1");
+        drop_table(&child).await;
+        drop_table(&parent).await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn settings_pgmemo_cannot_replay_are_refused() {
     within(TEST_DEADLINE, async {

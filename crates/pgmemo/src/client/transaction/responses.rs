@@ -503,6 +503,12 @@ fn on_error(link: &mut Link<'_>) {
         link.revert_outcomes(&skipped);
         return;
     }
+    if front.expect == Expect::Sync {
+        // Raised by the Sync itself (committing the implicit transaction: a deferred
+        // constraint, a serialization failure): nothing is skipped, the ReadyForQuery follows,
+        // and what the client pipelined after it runs normally.
+        return;
+    }
     let mut first = true;
     while let Some(entry) = link.queue.front() {
         if !first && entry.expect == Expect::Sync {
