@@ -1292,6 +1292,65 @@ async fn functions_called_with_attribute_notation_are_checked() {
     assert!(served_from_cache(&c, &direct, "SELECT t.v FROM t WHERE t.id = 1").await);
 }
 
+/// Reading a view runs the functions it calls: a volatile one may write, so the read counts as
+/// a write of anything (as a call of the function by name does), and what it wrote is not
+/// served stale, neither after it nor inside the block that ran it.
+#[tokio::test]
+async fn a_view_calling_a_volatile_function_counts_as_a_write() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE audit (n int);
+         CREATE FUNCTION note() RETURNS int VOLATILE LANGUAGE plpgsql
+           AS $$BEGIN INSERT INTO audit VALUES (1); RETURN 1; END$$;
+         CREATE VIEW noting AS SELECT note() AS n;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let count = "SELECT count(*) FROM audit";
+    assert_eq!(first(&c, count).await.as_deref(), Some("0"));
+    assert_eq!(first(&c, count).await.as_deref(), Some("0"));
+    assert_eq!(
+        first(&c, "SELECT n FROM noting").await.as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        first(&c, count).await.as_deref(),
+        Some("1"),
+        "after the view ran"
+    );
+    assert_eq!(first(&c, count).await.as_deref(), Some("1"));
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(
+        first(&c, "SELECT n FROM noting").await.as_deref(),
+        Some("1")
+    );
+    assert_eq!(first(&c, count).await.as_deref(), Some("2"), "in the block");
+    c.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        first(&c, count).await.as_deref(),
+        Some("1"),
+        "after the rollback"
+    );
+}
+
+/// `TRUNCATE ... CASCADE` also empties the tables whose foreign keys reach the named one,
+/// whatever their ON DELETE action.
+#[tokio::test]
+async fn truncate_cascade_invalidates_the_tables_it_reaches() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE parent (id int PRIMARY KEY); CREATE TABLE child (pid int REFERENCES parent);
+         INSERT INTO parent VALUES (1); INSERT INTO child VALUES (1);",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let count = "SELECT count(*) FROM child";
+    assert_eq!(first(&c, count).await.as_deref(), Some("1"));
+    assert_eq!(first(&c, count).await.as_deref(), Some("1"));
+    c.batch_execute("TRUNCATE parent CASCADE").await.unwrap();
+    assert_eq!(first(&c, count).await.as_deref(), Some("0"));
+}
+
 /// A user-defined aggregate is as volatile as the worst of its support functions (PostgreSQL
 /// records every aggregate as immutable): one whose transition function is volatile keeps
 /// its reads out of the cache.

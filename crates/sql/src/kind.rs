@@ -24,8 +24,11 @@ pub enum StatementKind {
         from: bool,
         stdio: bool,
     },
-    /// `TRUNCATE`.
-    Truncate,
+    /// `TRUNCATE`. `cascade` for `TRUNCATE ... CASCADE`, which also empties every table
+    /// whose foreign keys reach a named one, whatever their ON DELETE action.
+    Truncate {
+        cascade: bool,
+    },
     /// CREATE, ALTER, DROP, COMMENT, GRANT, REVOKE, SECURITY LABEL, REFRESH MATERIALIZED VIEW,
     /// ALTER SYSTEM and the other statements that change definitions rather than rows.
     Ddl,

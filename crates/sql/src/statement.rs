@@ -117,7 +117,9 @@ fn classify(
             from: s.is_from,
             stdio: !s.is_program && s.filename.is_empty(),
         },
-        NodeRef::TruncateStmt(_) => StatementKind::Truncate,
+        NodeRef::TruncateStmt(s) => StatementKind::Truncate {
+            cascade: s.behavior() == pg_query::protobuf::DropBehavior::DropCascade,
+        },
         NodeRef::TransactionStmt(s) => {
             transaction_command(s).map_or_else(other, StatementKind::Transaction)
         }

@@ -419,8 +419,13 @@ fn data_modification() {
         )
         .reads(&["src"])
         .writes(&["t"]),
-        case("TRUNCATE a, s.b RESTART IDENTITY", Truncate).writes(&["a", "s.b"]),
-        case("TRUNCATE TABLE ONLY t", Truncate).writes(&["t"]),
+        case(
+            "TRUNCATE a, s.b RESTART IDENTITY",
+            Truncate { cascade: false },
+        )
+        .writes(&["a", "s.b"]),
+        case("TRUNCATE TABLE ONLY t", Truncate { cascade: false }).writes(&["t"]),
+        case("TRUNCATE t CASCADE", Truncate { cascade: true }).writes(&["t"]),
     ]);
 }
 

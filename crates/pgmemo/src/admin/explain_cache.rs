@@ -52,6 +52,7 @@ pub fn explain_cache(shared: &Shared, sql: &str) -> Table {
                         facts: None,
                         names: &names,
                         view_function_volatility: None,
+                        view_functions_may_change_settings: false,
                         hints: &h,
                         excluded: &no_exclusions,
                     },

@@ -275,7 +275,7 @@ fn is_dml(kind: &StatementKind) -> bool {
             | StatementKind::Update
             | StatementKind::Delete
             | StatementKind::Merge
-            | StatementKind::Truncate
+            | StatementKind::Truncate { .. }
             | StatementKind::Copy { from: true, .. }
     )
 }
@@ -287,6 +287,8 @@ pub struct Inputs<'a> {
     pub names: &'a LookupNames,
     /// Volatility of the functions views call (worst first), when views were involved.
     pub view_function_volatility: Option<u8>,
+    /// Whether a function a view calls may change the session's settings.
+    pub view_functions_may_change_settings: bool,
     pub hints: &'a Hints,
     /// Tables (`schema.name`) never cached.
     pub excluded: &'a dyn Fn(&str, &str) -> bool,
@@ -458,6 +460,8 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
                 e.merge(&statement_effects(inner, inputs));
             }
         }
+        // The tables it empties besides the named ones are known only to the server.
+        StatementKind::Truncate { cascade: true } => e.database_wide = true,
         k if is_dml(k) => e.merge(&dml_effects(s, inputs)),
         // Reorder or rebuild storage without changing any row.
         StatementKind::Other(node) if node == "ClusterStmt" || node == "ReindexStmt" => {}
@@ -493,6 +497,12 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         e.database_wide = true;
         e.settings = true;
         e.hidden_settings = true;
+    }
+    // So may a volatile (or unresolvable) function a view calls: reading the view runs it.
+    if matches!(inputs.view_function_volatility, Some(b'v' | b'?')) {
+        e.database_wide = true;
+        e.settings |= inputs.view_functions_may_change_settings;
+        e.hidden_settings |= inputs.view_functions_may_change_settings;
     }
     e
 }

@@ -108,10 +108,14 @@ pub async fn plan<C: Catalog>(
     let names = plan::names_to_look_up(&analysis.statements);
     let mut facts: Option<Facts> = None;
     let mut view_volatility = None;
+    let mut view_may_change_settings = false;
     if let Some(catalog) = catalog.filter(|_| plan::needs_catalog(&analysis.statements)) {
         facts = look_up(p, catalog, &names).await?;
         if let Some(f) = &facts {
-            view_volatility = view_function_volatility(p, catalog, f).await?;
+            if let Some((v, settings)) = view_function_volatility(p, catalog, f).await? {
+                view_volatility = Some(v);
+                view_may_change_settings = settings;
+            }
         }
     }
     let hints = plan::hints(&shape.hints);
@@ -120,6 +124,7 @@ pub async fn plan<C: Catalog>(
         facts: facts.as_ref(),
         names: &names,
         view_function_volatility: view_volatility,
+        view_functions_may_change_settings: view_may_change_settings,
         hints: &hints,
         excluded: &excluded,
     };
@@ -193,12 +198,13 @@ async fn look_up<C: Catalog>(
 }
 
 /// The worst volatility of the functions (user-defined operators and casts included) the views among `facts`
-/// call: `b'?'` when a function cannot be resolved, `None` when no view is involved.
+/// call: `b'?'` when a function cannot be resolved, `None` when no view is involved. With it,
+/// whether one of them may change the session's settings (unknown ones may).
 async fn view_function_volatility<C: Catalog>(
     p: &Planning<'_>,
     catalog: &mut C,
     facts: &Facts,
-) -> Result<Option<u8>, C::Error> {
+) -> Result<Option<(u8, bool)>, C::Error> {
     let mut names = plan::LookupNames::default();
     let mut any_view = false;
     for def in facts
@@ -213,31 +219,31 @@ async fn view_function_volatility<C: Catalog>(
                     .iter()
                     .any(|s| s.sql_value_functions.iter().any(|f| f.is_time()))
                 {
-                    return Ok(Some(b'v'));
+                    return Ok(Some((b'v', false)));
                 }
                 let found = plan::names_to_look_up(&a.statements);
                 names.functions.extend(found.functions);
                 names.operators.extend(found.operators);
                 names.casts.extend(found.casts);
             }
-            Err(_) => return Ok(Some(b'?')),
+            Err(_) => return Ok(Some((b'?', true))),
         }
     }
     if !any_view {
         return Ok(None);
     }
     if names.functions.is_empty() && names.operators.is_empty() && names.casts.is_empty() {
-        return Ok(Some(b'i'));
+        return Ok(Some((b'i', false)));
     }
     for list in [&mut names.functions, &mut names.operators, &mut names.casts] {
         list.sort();
         list.dedup();
     }
     let Some(f) = look_up(p, catalog, &names).await? else {
-        return Ok(Some(b'?'));
+        return Ok(Some((b'?', true)));
     };
     if (0..names.functions.len()).any(|i| !f.functions.iter().any(|p| p.name_index == i)) {
-        return Ok(Some(b'?'));
+        return Ok(Some((b'?', true)));
     }
     let worst = f
         .functions
@@ -246,7 +252,13 @@ async fn view_function_volatility<C: Catalog>(
         .chain(&f.casts)
         .map(|p| p.volatility)
         .fold(b'i', plan::worse);
-    Ok(Some(worst))
+    let named = |p: &catalog::Function| names.functions[p.name_index].1.as_str();
+    let settings = f.functions.iter().any(|p| p.may_change_settings(named(p)))
+        || f.operators
+            .iter()
+            .chain(&f.casts)
+            .any(|p| p.volatility == b'v');
+    Ok(Some((worst, settings)))
 }
 
 #[cfg(test)]
