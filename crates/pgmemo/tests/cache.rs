@@ -1030,6 +1030,39 @@ async fn prepared_statements_follow_a_table_swapped_in_under_the_same_name() {
     assert_eq!(get(&a, &sa).await, "newer");
 }
 
+/// A prepared statement dropped where pgmemo cannot see it (a `DEALLOCATE` run by a `DO`
+/// block) and parsed again under its name with another text: the name stands for the new text
+/// once the server accepted it, and the new text's rows are never stored as the old one's.
+#[tokio::test]
+async fn a_name_parsed_again_after_an_unseen_deallocate_means_the_new_statement() {
+    use raw::*;
+    let (_pg, memo, _direct) = setup().await;
+    let mut c = Raw::connect(memo.addr()).await;
+    let old = "SELECT v FROM t WHERE id = $1";
+    let new = "SELECT upper(v) FROM t WHERE id = $1";
+    let run = [bind_named("s1", &["1"]), execute(), sync()];
+    c.round_trip(&[parse_named("s1", old, &[]), sync()]).await;
+    assert_eq!(c.round_trip(&run).await.1, vec!["one"]);
+    assert_eq!(c.round_trip(&run).await.1, vec!["one"]);
+    c.round_trip(&[query("DO $$BEGIN EXECUTE 'DEALLOCATE s1'; END$$")])
+        .await;
+    let (tags, _) = c.round_trip(&[parse_named("s1", new, &[]), sync()]).await;
+    assert_eq!(
+        tags,
+        vec!['1', 'Z'],
+        "the server accepted the new statement"
+    );
+    assert_eq!(c.round_trip(&run).await.1, vec!["ONE"]);
+    assert_eq!(c.round_trip(&run).await.1, vec!["ONE"]);
+    // Another session running the old text gets the old text's rows.
+    let mut other = Raw::connect(memo.addr()).await;
+    other
+        .round_trip(&[parse_named("s9", old, &[]), sync()])
+        .await;
+    let run_old = [bind_named("s9", &["1"]), execute(), sync()];
+    assert_eq!(other.round_trip(&run_old).await.1, vec!["one"]);
+}
+
 #[tokio::test]
 async fn pipelined_requests_mix_hits_and_misses_in_order() {
     use raw::*;

@@ -656,8 +656,14 @@ impl Requests<'_> {
             b'P' => {
                 if let Some(p) = parse_message(body) {
                     // PostgreSQL refuses a Parse of a name in use (42P05) and keeps the
-                    // statement it has: so does pgmemo.
-                    if p.name.is_empty() || !self.session.statements.contains_key(p.name) {
+                    // statement it has; one of another text may also be accepted, when the
+                    // server dropped the old one unseen (see `Statement::replaced`).
+                    let same = self
+                        .session
+                        .statements
+                        .get(p.name)
+                        .is_some_and(|st| st.is(p.text, p.param_types));
+                    if p.name.is_empty() || !same {
                         // Copies, here and below: a slice would pin the read buffer, which
                         // would then be reallocated for every request.
                         let confirmed = self.session.parsed(
@@ -709,6 +715,7 @@ impl Requests<'_> {
         pump.portals
             .get(portal)
             .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
+            .filter(|s| !s.in_doubt())
             .and_then(|s| s.plan.as_ref())
             .filter(|(_, e, p, _)| *e == epoch && p.complete)
             .map(|(_, _, p, _)| p)
@@ -899,7 +906,9 @@ impl Requests<'_> {
             let ctx_id = self.trusted_context_id();
             let epoch = self.session.db.plans_epoch();
             let known = match self.session.statements.get(stmt_name.as_ref()) {
+                // Which text the server runs is not known yet: as if no statement was known.
                 None => None,
+                Some(s) if s.in_doubt() => None,
                 Some(s) => match &s.plan {
                     Some((id, e, p, t)) if Some(*id) == ctx_id && *e == epoch && p.complete => {
                         Some(Ok((Arc::clone(p), *t)))
@@ -945,6 +954,7 @@ impl Requests<'_> {
                             .session
                             .statements
                             .get(stmt_name.as_ref())
+                            .filter(|s| !s.in_doubt())
                             .map(|s| s.identity.clone());
                         if let (Some(b), Some(identity)) = (b, identity) {
                             // The lookup's key is this one when it was the same statement.

@@ -26,6 +26,25 @@ pub struct Statement {
     /// The server answered its Parse with ParseComplete. Until then it is not answered from
     /// the cache: a refused Parse leaves no statement (or the previous one) on the server.
     pub confirmed: Arc<AtomicBool>,
+    /// It replaced a statement of the same name and another text. PostgreSQL refuses such a
+    /// Parse (42P05) unless it dropped the old statement in a way pgmemo did not see (a
+    /// `DEALLOCATE` run by a `DO` block): until its ParseComplete tells which, the name may
+    /// stand for either text, so it is neither planned nor captured.
+    pub replaced: bool,
+}
+
+impl Statement {
+    /// Whether the server may hold another statement under this name (see `replaced`).
+    pub fn in_doubt(&self) -> bool {
+        self.replaced && !self.confirmed.load(Ordering::Relaxed)
+    }
+
+    /// Whether a Parse of `text` and `param_types` is of this statement.
+    pub fn is(&self, text: &[u8], param_types: &[u8]) -> bool {
+        self.identity.len() == text.len() + param_types.len() + 4
+            && self.identity[4..4 + text.len()] == *text
+            && self.identity[4 + text.len()..] == *param_types
+    }
 }
 
 /// Per-session cache state.
@@ -89,14 +108,13 @@ impl CacheSession {
     pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) -> Arc<AtomicBool> {
         // The same statement parsed again (drivers parse the unnamed statement for every
         // query): kept with its plan, to be confirmed again.
+        let mut replaced = false;
         if let Some(st) = self.statements.get(&name[..]) {
-            let same = st.identity.len() == text.len() + param_types.len() + 4
-                && st.identity[4..4 + text.len()] == *text
-                && st.identity[4 + text.len()..] == *param_types;
-            if same {
+            if st.is(text, param_types) {
                 st.confirmed.store(false, Ordering::Relaxed);
                 return Arc::clone(&st.confirmed);
             }
+            replaced = !name.is_empty();
         }
         let mut identity = Vec::with_capacity(text.len() + param_types.len() + 5);
         identity.extend_from_slice(&(text.len() as u32).to_le_bytes());
@@ -110,6 +128,7 @@ impl CacheSession {
                 identity: Bytes::from(identity),
                 plan: None,
                 confirmed: Arc::clone(&confirmed),
+                replaced,
             },
         );
         confirmed
