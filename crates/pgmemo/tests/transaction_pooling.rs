@@ -1380,6 +1380,36 @@ async fn an_error_at_sync_leaves_the_next_pipelined_batch_alone() {
     .await;
 }
 
+/// pgmemo prepares a client's statement on a server that lacks it just before its use; when
+/// the server skips that (the client's block is already aborted), the server still lacks it
+/// and the next use prepares it again, instead of naming a statement that does not exist.
+#[tokio::test]
+async fn a_statement_pgmemo_failed_to_prepare_is_prepared_again() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        a.batch_execute("PREPARE p AS SELECT 42").await.unwrap();
+        let first = backend_pid(&a).await;
+        // B holds A's server: A's next transaction runs on the other one, which lacks p.
+        assert_eq!(hold(&b).await, first);
+        a.batch_execute("BEGIN").await.unwrap();
+        assert_ne!(backend_pid(&a).await, first);
+        a.batch_execute("SELECT 1/0")
+            .await
+            .expect_err("division by zero");
+        let e = a
+            .batch_execute("EXECUTE p")
+            .await
+            .expect_err("aborted block");
+        assert_eq!(sqlstate(&e), Some("25P02"), "{e}");
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(value(&a, "EXECUTE p").await, "42");
+        b.batch_execute("COMMIT").await.unwrap();
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn settings_pgmemo_cannot_replay_are_refused() {
     within(TEST_DEADLINE, async {

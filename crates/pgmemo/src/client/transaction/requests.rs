@@ -658,16 +658,27 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                 .encode(out);
                 link.queue.push_back(Entry::swallow(Expect::Close));
             }
-            ServerPrep::Create(statement) => match &statement.create {
-                StatementSource::Parse(parse) => {
-                    out.extend_from_slice(parse);
-                    link.queue.push_back(Entry::swallow(Expect::Parse));
+            ServerPrep::Create(statement) => {
+                // Recorded as on the server already: if the server skips or refuses it (an
+                // error earlier in the batch, an aborted block, a dropped table), the record
+                // goes, or every later use on this server would name a statement it lacks.
+                let revert = Box::new(Revert {
+                    statement: Arc::clone(statement),
+                    client_name: None,
+                    on_server: true,
+                });
+                match &statement.create {
+                    StatementSource::Parse(parse) => {
+                        out.extend_from_slice(parse);
+                        link.queue.push_back(Entry::swallow(Expect::Parse));
+                    }
+                    StatementSource::Sql(sql) => {
+                        emit_unnamed_run(sql, link, out);
+                        link.queue.back_mut().expect("just queued").forward = false;
+                    }
                 }
-                StatementSource::Sql(sql) => {
-                    emit_unnamed_run(sql, link, out);
-                    link.queue.back_mut().expect("just queued").forward = false;
-                }
-            },
+                link.queue.back_mut().expect("just queued").revert = Some(revert);
+            }
         }
     }
     if !extended && !prep.is_empty() {
