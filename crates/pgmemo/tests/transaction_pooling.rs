@@ -1410,6 +1410,27 @@ async fn a_statement_pgmemo_failed_to_prepare_is_prepared_again() {
     .await;
 }
 
+/// A PREPARE of a text the server holds already is not sent; when it does not run (an error
+/// before it), the client has no such statement, and the server still has its own.
+#[tokio::test]
+async fn a_prepare_that_did_not_run_leaves_the_servers_statement_alone() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        a.batch_execute("PREPARE a1 AS SELECT 1").await.unwrap();
+        a.batch_execute("SELECT 1/0; PREPARE b1 AS SELECT 1")
+            .await
+            .expect_err("division by zero");
+        let e = a
+            .batch_execute("EXECUTE b1")
+            .await
+            .expect_err("b1 never ran");
+        assert_eq!(sqlstate(&e), Some("26000"), "{e}");
+        assert_eq!(value(&a, "EXECUTE a1").await, "1");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn settings_pgmemo_cannot_replay_are_refused() {
     within(TEST_DEADLINE, async {

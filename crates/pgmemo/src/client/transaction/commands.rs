@@ -53,10 +53,13 @@ pub enum Effect {
     /// replay, but the server reports the change (and its undoing) for that setting, or for
     /// several when `None` (a role changes `is_superuser` and `session_authorization`).
     LocalSetting(Option<String>),
-    /// A statement was prepared for the client: undone if the statement fails.
+    /// A statement was prepared for the client: undone if the statement fails, on the
+    /// server too when this statement was to create it there (`created`; otherwise the
+    /// server holds it already and keeps it).
     Prepared {
         statement: Arc<PreparedStatement>,
         client_name: String,
+        created: bool,
     },
 }
 
@@ -237,6 +240,7 @@ impl Planner<'_> {
                             effect: Effect::Prepared {
                                 statement: prepared,
                                 client_name: name.clone(),
+                                created: false,
                             },
                             tag: Some("PREPARE"),
                         },
@@ -255,6 +259,7 @@ impl Planner<'_> {
                         effect: Effect::Prepared {
                             statement: prepared,
                             client_name: name.clone(),
+                            created: true,
                         },
                         tag: None,
                     },

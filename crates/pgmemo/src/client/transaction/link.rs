@@ -229,12 +229,13 @@ impl Link<'_> {
             if let Effect::Prepared {
                 statement,
                 client_name,
+                created,
             } = &outcome.effect
             {
                 self.revert(Revert {
                     statement: statement.clone(),
                     client_name: Some(client_name.clone()),
-                    on_server: true,
+                    on_server: *created,
                 });
             }
         }
