@@ -1431,6 +1431,50 @@ async fn a_prepare_that_did_not_run_leaves_the_servers_statement_alone() {
     .await;
 }
 
+/// A `DEALLOCATE` or Close that the server skips (an error before it, an aborted block)
+/// drops nothing, as in PostgreSQL: the statement still runs afterwards.
+#[tokio::test]
+async fn a_skipped_deallocate_or_close_keeps_the_statement() {
+    use txn_support::{msg, Raw};
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        a.batch_execute("PREPARE p AS SELECT 7").await.unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        a.batch_execute("SELECT 1/0")
+            .await
+            .expect_err("division by zero");
+        let e = a.batch_execute("DEALLOCATE p").await.expect_err("aborted");
+        assert_eq!(sqlstate(&e), Some("25P02"), "{e}");
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(value(&a, "EXECUTE p").await, "7");
+        a.batch_execute("SELECT 1/0; DEALLOCATE ALL")
+            .await
+            .expect_err("division by zero");
+        assert_eq!(value(&a, "EXECUTE p").await, "7");
+
+        let mut raw = Raw::login(pgmemo.port()).await;
+        raw.exchange(&[msg::parse("s1", "SELECT 5", &[]), msg::sync()])
+            .await;
+        let skipped = raw
+            .exchange(&[
+                msg::parse("", "SELECT 1/0", &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                msg::close(b'S', "s1"),
+                msg::sync(),
+            ])
+            .await;
+        assert!(skipped.iter().any(|l| l.contains("22012")), "{skipped:?}");
+        let run = raw
+            .exchange(&[msg::bind("", "s1", &[]), msg::execute("", 0), msg::sync()])
+            .await;
+        assert!(run.iter().any(|l| l.contains('5')), "{run:?}");
+        assert!(!run.iter().any(|l| l.contains("26000")), "{run:?}");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn settings_pgmemo_cannot_replay_are_refused() {
     within(TEST_DEADLINE, async {

@@ -61,6 +61,10 @@ pub enum Effect {
         client_name: String,
         created: bool,
     },
+    /// Statement names were dropped from the client's view (`DEALLOCATE`, `Close`): given
+    /// back if the server skipped the statement (an error before it, an aborted block), as
+    /// PostgreSQL then keeps them.
+    Deallocated(Vec<(String, Arc<PreparedStatement>)>),
 }
 
 /// One statement's effect and the command tag to show instead of the server's.
@@ -193,15 +197,6 @@ impl Planner<'_> {
                 "Send them with the simple query protocol or as unnamed statements.",
             ));
         }
-        let no_op = |tag| {
-            Ok((
-                Outcome {
-                    effect: Effect::None,
-                    tag: Some(tag),
-                },
-                Some(NO_OP.to_owned()),
-            ))
-        };
         match &stmt.kind {
             StatementKind::Set(set) => Ok(match reset_to_startup(set, self.startup) {
                 Some(rewritten) => rewritten,
@@ -284,12 +279,12 @@ impl Planner<'_> {
                 ))
             }
             StatementKind::Deallocate { name: Some(name) } => {
-                self.client.remove(name).ok_or_else(|| missing(name))?;
-                no_op("DEALLOCATE")
+                let statement = self.client.remove(name).ok_or_else(|| missing(name))?;
+                dropped(vec![(name.clone(), statement)], "DEALLOCATE")
             }
             StatementKind::Deallocate { name: None } => {
-                self.client.clear();
-                no_op("DEALLOCATE ALL")
+                let all = std::mem::take(self.client).into_iter().collect();
+                dropped(all, "DEALLOCATE ALL")
             }
             StatementKind::Discard(sql::DiscardKind::All) => {
                 if self.in_block || many {
@@ -345,6 +340,21 @@ pub fn ensure_on(
         prep.push(ServerPrep::Drop(evicted));
     }
     prep.push(ServerPrep::Create(statement.clone()));
+}
+
+/// The outcome of a `DEALLOCATE` pgmemo answers itself (the server runs a no-op in its place,
+/// so that it fails or is skipped where the real one would).
+fn dropped(
+    statements: Vec<(String, Arc<PreparedStatement>)>,
+    tag: &'static str,
+) -> Result<(Outcome, Option<String>), ErrorResponse> {
+    Ok((
+        Outcome {
+            effect: Effect::Deallocated(statements),
+            tag: Some(tag),
+        },
+        Some(NO_OP.to_owned()),
+    ))
 }
 
 /// The error PostgreSQL gives for an unknown statement name.

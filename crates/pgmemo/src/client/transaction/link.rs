@@ -226,6 +226,16 @@ impl Link<'_> {
     /// Undoes the effects of statements `from..` of an entry that did not run.
     pub fn revert_outcomes(&mut self, outcomes: &[Outcome]) {
         for outcome in outcomes {
+            if let Effect::Deallocated(statements) = &outcome.effect {
+                for (name, statement) in statements {
+                    if !self.client.statements.contains_key(name) {
+                        self.client
+                            .statements
+                            .insert(name.clone(), statement.clone());
+                    }
+                }
+                continue;
+            }
             if let Effect::Prepared {
                 statement,
                 client_name,

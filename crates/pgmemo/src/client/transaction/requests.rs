@@ -13,7 +13,7 @@ use wire::{ErrorResponse, Frame, WireError};
 
 use super::cache::{Pipelined, TxnCache};
 use super::commands::{
-    duplicate, ensure_on, missing, raise_sql, Outcome, Plan, Planner, Protocol, ServerPrep,
+    duplicate, ensure_on, missing, raise_sql, Effect, Outcome, Plan, Planner, Protocol, ServerPrep,
 };
 use super::link::{Entry, Expect, Link, Revert, Unnamed};
 use crate::cache::plan::Effects;
@@ -638,11 +638,23 @@ fn close(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, 
             link.queue.push_back(Entry::forward(Expect::Close));
             return Ok(false);
         }
-    } else {
-        link.client.statements.remove(name);
-        link.client.effects.remove(name);
+        link.queue.push_back(Entry::local(close_complete()));
+        return Ok(true);
     }
-    link.queue.push_back(Entry::local(close_complete()));
+    let mut entry = Entry::local(close_complete());
+    let effects = link.client.effects.remove(name);
+    if let Some(statement) = link.client.statements.remove(name) {
+        // Given back if the server skips the batch from an earlier error on, as PostgreSQL
+        // then skips this Close (a statement that changes settings is not: rare, and its
+        // recorded effect is gone).
+        if effects.is_none() {
+            entry.outcomes.push(Outcome {
+                effect: Effect::Deallocated(vec![(name.to_owned(), statement)]),
+                tag: None,
+            });
+        }
+    }
+    link.queue.push_back(entry);
     Ok(true)
 }
 
