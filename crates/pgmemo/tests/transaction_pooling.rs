@@ -1475,6 +1475,38 @@ async fn a_skipped_deallocate_or_close_keeps_the_statement() {
     .await;
 }
 
+/// A name whose statement set a setting, dropped and parsed again for a statement that sets
+/// nothing, sets nothing when executed: the client's settings stay what it set last, also on
+/// the next server it gets.
+#[tokio::test]
+async fn a_dropped_statement_name_loses_its_setting_effect() {
+    use txn_support::{msg, Raw};
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| c.cache = Switch::Off).await;
+        let mut a = Raw::login(pgmemo.port()).await;
+        let run = |sql: &str| {
+            vec![
+                msg::parse("s", sql, &[]),
+                msg::bind("", "s", &[]),
+                msg::execute("", 0),
+                msg::sync(),
+            ]
+        };
+        a.exchange(&run("SET work_mem = '1MB'")).await;
+        a.exchange(&[msg::query("DEALLOCATE s")]).await;
+        a.exchange(&[msg::query("SET work_mem = '64MB'")]).await;
+        a.exchange(&run("SELECT 1")).await;
+        // B (the same startup parameters) holds A's server: A's next statement runs on a new
+        // one, where pgmemo applies A's settings.
+        let mut b = Raw::login(pgmemo.port()).await;
+        b.exchange(&[msg::query("BEGIN")]).await;
+        let shown = a.exchange(&[msg::query("SHOW work_mem")]).await;
+        assert!(shown.iter().any(|l| l.contains("64MB")), "{shown:?}");
+        b.exchange(&[msg::query("COMMIT")]).await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn settings_pgmemo_cannot_replay_are_refused() {
     within(TEST_DEADLINE, async {

@@ -196,6 +196,9 @@ pub(super) fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
     }
 }
 
+/// The planner of a client's statements. `DEALLOCATE` and `DISCARD ALL` it plans drop names
+/// from the client's statements: what the client executes under a dropped name later is
+/// another statement, so the effects recorded for the old one go (see [`forget_dropped`]).
 fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Planner<'l> {
     Planner {
         registry,
@@ -204,6 +207,16 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
         startup: &link.client.settings,
+    }
+}
+
+/// Drops the recorded effects of statement names the client no longer has.
+fn forget_dropped(link: &mut Link<'_>) {
+    if !link.client.effects.is_empty() {
+        let statements = &link.client.statements;
+        link.client
+            .effects
+            .retain(|name, _| statements.contains_key(name));
     }
 }
 
@@ -332,7 +345,11 @@ fn query(
     link.query_sent();
     let text = frame.body().strip_suffix(b"\0");
     let plan = match text {
-        Some(text) => planner(link, registry).plan(text, Protocol::Simple),
+        Some(text) => {
+            let plan = planner(link, registry).plan(text, Protocol::Simple);
+            forget_dropped(link);
+            plan
+        }
         None => Plan::Plain,
     };
     let mut entry = Entry::forward(Expect::Query);
@@ -406,6 +423,7 @@ fn parse(
     }
     let mut tracked = true;
     let plan = planner(link, registry).plan(sql.as_bytes(), Protocol::Extended { named });
+    forget_dropped(link);
     let (sql, outcome) = match plan {
         Plan::Plain => {
             tracked = false;
@@ -450,6 +468,8 @@ fn parse(
         .insert(name.clone(), statement.clone());
     if let Some(outcome) = outcome {
         link.client.effects.insert(name.clone(), outcome);
+    } else if !link.client.effects.is_empty() {
+        link.client.effects.remove(&name);
     }
     if link.server.statements.touch(&statement) {
         let mut entry = Entry::local(parse_complete());
