@@ -215,14 +215,7 @@ async fn a_cancel_still_on_its_way_never_stops_the_next_sessions_query() {
                 .iter()
                 .all(|r| r.state == ServerState::Active);
             (pool.waiting() >= 1 && held)
-                || direct
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                         AND query = 'SELECT pg_sleep(0.5)::text'",
-                        &[],
-                    )
-                    .await
-                    .is_ok_and(|r| r.get::<_, i64>(0) >= 1)
+                || testkit::query_running(direct, "SELECT pg_sleep(0.5)::text").await
         }
     })
     .await;

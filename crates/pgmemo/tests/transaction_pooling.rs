@@ -1170,15 +1170,19 @@ async fn copy_in_and_out_work_between_other_clients_transactions() {
 
 /// `(pool_size, server_total)` of the (test, postgres) pool from the admin console.
 async fn pool_figures(admin: &Client) -> (String, usize) {
-    let pools = rows(&admin.simple_query("SHOW POOLS").await.unwrap());
-    let row = pools
-        .iter()
-        .find(|r| r[0].as_deref() == Some(DB) && r[1].as_deref() == Some(USER))
-        .expect("the pool of the test's client");
+    let row = pool_row(admin).await;
     (
         row[3].clone().unwrap(),
         row[5].as_deref().unwrap().parse().unwrap(),
     )
+}
+
+/// The `SHOW POOLS` row of the test client's pool.
+async fn pool_row(admin: &Client) -> Vec<Option<String>> {
+    rows(&admin.simple_query("SHOW POOLS").await.unwrap())
+        .into_iter()
+        .find(|r| r[0].as_deref() == Some(DB) && r[1].as_deref() == Some(USER))
+        .expect("the pool of the test's client")
 }
 
 #[tokio::test]
@@ -1255,17 +1259,7 @@ async fn cancel_reaches_the_clients_current_server_and_never_another_clients_que
             (r.map(|_| ()), b)
         });
         let b_active = testkit::eventually(SOON, || {
-            let direct = &direct;
-            async move {
-                direct
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                         AND query = 'SELECT pg_sleep(0.5)'",
-                        &[],
-                    )
-                    .await
-                    .is_ok_and(|r| r.get::<_, i64>(0) >= 1)
-            }
+            testkit::query_running(&direct, "SELECT pg_sleep(0.5)")
         })
         .await;
         assert!(b_active, "B's query never ran");
@@ -1313,15 +1307,8 @@ async fn a_cancel_still_on_its_way_never_stops_the_next_clients_query() {
         let b_started = testkit::eventually(SOON, || {
             let (direct, admin) = (&direct, &admin);
             async move {
-                let running = direct
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                         AND query = 'SELECT pg_sleep(0.5)::text'",
-                        &[],
-                    )
-                    .await
-                    .is_ok_and(|r| r.get::<_, i64>(0) >= 1);
-                running || pool_waiting(admin).await >= 1
+                testkit::query_running(direct, "SELECT pg_sleep(0.5)::text").await
+                    || pool_waiting(admin).await >= 1
             }
         })
         .await;
@@ -1338,12 +1325,11 @@ async fn a_cancel_still_on_its_way_never_stops_the_next_clients_query() {
 
 /// Clients queued for a place in the test's pool (`SHOW POOLS`).
 async fn pool_waiting(admin: &Client) -> usize {
-    let pools = rows(&admin.simple_query("SHOW POOLS").await.unwrap());
-    pools
-        .iter()
-        .find(|r| r[0].as_deref() == Some(DB) && r[1].as_deref() == Some(USER))
-        .and_then(|r| r[7].as_deref()?.parse().ok())
-        .unwrap_or(0)
+    pool_row(admin).await[7]
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 /// An error raised by a Sync itself (the implicit transaction's commit failing on a deferred

@@ -86,3 +86,15 @@ pub async fn pg_sleep_running(direct: &Client, application_name: &str) -> bool {
         .await
         .is_ok_and(|r| r.get::<_, i64>(0) == 1)
 }
+
+/// Whether some session is running exactly the statement `query` right now, as `direct` (a
+/// connection to the same server) sees in `pg_stat_activity`; `false` if the probe fails.
+pub async fn query_running(direct: &Client, query: &str) -> bool {
+    direct
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1",
+            &[&query],
+        )
+        .await
+        .is_ok_and(|r| r.get::<_, i64>(0) >= 1)
+}

@@ -29,7 +29,8 @@ mod procfs;
 mod programs;
 
 pub use client::{
-    backend_pid, connect, connect_watched, pg_sleep_running, rows, sqlstate, url, url_with_password,
+    backend_pid, connect, connect_watched, pg_sleep_running, query_running, rows, sqlstate, url,
+    url_with_password,
 };
 pub use eventually::{assert_eventually, eventually, eventually_some, within, POLL_INTERVAL};
 pub use gate::CancelGate;

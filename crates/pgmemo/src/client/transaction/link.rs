@@ -35,8 +35,10 @@ pub struct ClientState {
     pub tag: u64,
     /// The client's statement names.
     pub statements: Map<String, Arc<PreparedStatement>>,
-    /// Named statements whose execution changes session state (rare: `SET` prepared by name).
-    pub effects: Map<String, Arc<Outcome>>,
+    /// Named statements whose execution changes session state (rare: `SET` prepared by name),
+    /// with the statement the name stood for when recorded: a name dropped and parsed again
+    /// for another statement has none (and one whose drop the server skipped keeps its own).
+    pub effects: Map<String, (Arc<PreparedStatement>, Arc<Outcome>)>,
     pub unnamed: Option<Unnamed>,
     pub parses: u64,
     pub settings: ClientSettings,
@@ -46,6 +48,22 @@ pub struct ClientState {
     pub verify: Vec<String>,
     /// From the last ReadyForQuery the client received.
     pub status: TransactionStatus,
+}
+
+impl ClientState {
+    /// What executing the client's statement `name` changes in its session, if anything.
+    pub fn effect_of(&self, name: &str) -> Option<&Arc<Outcome>> {
+        if self.effects.is_empty() {
+            return None;
+        }
+        // Recorded for the statement the name stood for then: not for one parsed under the
+        // name since (after a DEALLOCATE, a DISCARD ALL or a Close).
+        let current = self.statements.get(name)?;
+        self.effects
+            .get(name)
+            .filter(|(recorded, _)| Arc::ptr_eq(current, recorded))
+            .map(|(_, outcome)| outcome)
+    }
 }
 
 /// The messages whose answers a queue entry stands for.

@@ -91,7 +91,6 @@ pub fn answer(
     for (name, statement) in plan {
         match statement {
             Some(statement) => {
-                state.effects.remove(&name);
                 state.statements.insert(name, statement);
                 out.extend_from_slice(&super::requests::parse_complete());
             }

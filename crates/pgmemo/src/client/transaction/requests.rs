@@ -196,9 +196,6 @@ pub(super) fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
     }
 }
 
-/// The planner of a client's statements. `DEALLOCATE` and `DISCARD ALL` it plans drop names
-/// from the client's statements: what the client executes under a dropped name later is
-/// another statement, so the effects recorded for the old one go (see [`forget_dropped`]).
 fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Planner<'l> {
     Planner {
         registry,
@@ -207,16 +204,6 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
         startup: &link.client.settings,
-    }
-}
-
-/// Drops the recorded effects of statement names the client no longer has.
-fn forget_dropped(link: &mut Link<'_>) {
-    if !link.client.effects.is_empty() {
-        let statements = &link.client.statements;
-        link.client
-            .effects
-            .retain(|name, _| statements.contains_key(name));
     }
 }
 
@@ -345,11 +332,7 @@ fn query(
     link.query_sent();
     let text = frame.body().strip_suffix(b"\0");
     let plan = match text {
-        Some(text) => {
-            let plan = planner(link, registry).plan(text, Protocol::Simple);
-            forget_dropped(link);
-            plan
-        }
+        Some(text) => planner(link, registry).plan(text, Protocol::Simple),
         None => Plan::Plain,
     };
     let mut entry = Entry::forward(Expect::Query);
@@ -423,7 +406,6 @@ fn parse(
     }
     let mut tracked = true;
     let plan = planner(link, registry).plan(sql.as_bytes(), Protocol::Extended { named });
-    forget_dropped(link);
     let (sql, outcome) = match plan {
         Plan::Plain => {
             tracked = false;
@@ -467,9 +449,9 @@ fn parse(
         .statements
         .insert(name.clone(), statement.clone());
     if let Some(outcome) = outcome {
-        link.client.effects.insert(name.clone(), outcome);
-    } else if !link.client.effects.is_empty() {
-        link.client.effects.remove(&name);
+        link.client
+            .effects
+            .insert(name.clone(), (statement.clone(), outcome));
     }
     if link.server.statements.touch(&statement) {
         let mut entry = Entry::local(parse_complete());
@@ -536,10 +518,8 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     }
     let outcome = if name.is_empty() {
         link.client.unnamed.as_ref().and_then(|u| u.outcome.clone())
-    } else if link.client.effects.is_empty() {
-        None
     } else {
-        link.client.effects.get(name).cloned()
+        link.client.effect_of(name).cloned()
     };
     match outcome {
         Some(o) => {
@@ -662,17 +642,13 @@ fn close(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, 
         return Ok(true);
     }
     let mut entry = Entry::local(close_complete());
-    let effects = link.client.effects.remove(name);
     if let Some(statement) = link.client.statements.remove(name) {
         // Given back if the server skips the batch from an earlier error on, as PostgreSQL
-        // then skips this Close (a statement that changes settings is not: rare, and its
-        // recorded effect is gone).
-        if effects.is_none() {
-            entry.outcomes.push(Outcome {
-                effect: Effect::Deallocated(vec![(name.to_owned(), statement)]),
-                tag: None,
-            });
-        }
+        // then skips this Close.
+        entry.outcomes.push(Outcome {
+            effect: Effect::Deallocated(vec![(name.to_owned(), statement)]),
+            tag: None,
+        });
     }
     link.queue.push_back(entry);
     Ok(true)

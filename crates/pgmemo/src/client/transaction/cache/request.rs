@@ -115,7 +115,7 @@ impl TxnCache {
                     Statement::Unnamed
                 } else {
                     let name = std::str::from_utf8(bind.statement).ok()?;
-                    if state.effects.contains_key(name) {
+                    if state.effect_of(name).is_some() {
                         return None;
                     }
                     let s = state.statements.get(name)?;
