@@ -88,6 +88,21 @@ pub struct StatementInfo {
     /// `ALTER USER`, `DROP OWNED`, `REASSIGN OWNED`): roles belong to the whole cluster, so
     /// what any role may read in any database may have changed.
     pub changes_roles: bool,
+    /// The prepared statement that `EXPLAIN EXECUTE name` or `CREATE TABLE ... AS EXECUTE
+    /// name` runs. Under transaction pooling the name is the client's own, which the server
+    /// does not know: pgmemo writes its server-side name in its place.
+    pub executes: Option<ExecuteRef>,
+}
+
+/// A prepared statement run from inside another statement (see
+/// [`StatementInfo::executes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecuteRef {
+    /// The statement's name, as the parser folded it.
+    pub name: String,
+    /// Where the name is written in the analysed string (quotes included), or `None` when the
+    /// token scanner could not find it, which only odd inputs could cause.
+    pub name_range: Option<Range<usize>>,
 }
 
 /// A relation name as written in the statement, identifiers already case-folded (or kept, when

@@ -31,7 +31,8 @@ mod text;
 mod transaction;
 
 pub use analysis::{
-    Analysis, FunctionName, OperatorName, RelationName, SqlValueFunction, StatementInfo, TypeName,
+    Analysis, ExecuteRef, FunctionName, OperatorName, RelationName, SqlValueFunction,
+    StatementInfo, TypeName,
 };
 pub use error::SqlError;
 pub use kind::{DiscardKind, StatementKind};

@@ -63,6 +63,32 @@ pub(crate) fn inner_range(sql: &str, outer: Range<usize>, wrapper: Wrapper) -> R
     }
 }
 
+/// Where the statement name of the `EXECUTE name ...` at `range` is written (quotes
+/// included), or `None` when the text there does not start that way.
+pub(crate) fn execute_name_range(sql: &str, range: Range<usize>) -> Option<Range<usize>> {
+    let text = sql.get(range.clone())?;
+    let tokens = pg_query::scan_tokens(text).ok()?;
+    let mut tokens = tokens.iter().filter(|t| {
+        !matches!(
+            Token::try_from(t.token),
+            Ok(Token::SqlComment | Token::CComment)
+        )
+    });
+    let first = tokens.next()?;
+    if Token::try_from(first.token).ok()? != Token::Execute {
+        return None;
+    }
+    let name = tokens.next()?;
+    let start = usize::try_from(name.start).ok()?;
+    let end = usize::try_from(name.end).ok()?;
+    Some(range.start + start..range.start + end)
+}
+
+/// Where the query of `CREATE TABLE ... AS query` (at `outer`) begins.
+pub(crate) fn after_as_range(sql: &str, outer: Range<usize>) -> Range<usize> {
+    inner_range(sql, outer, Wrapper::Prepare)
+}
+
 fn after_top_level_as(tokens: &[(Token, usize)]) -> Option<usize> {
     let mut depth = 0usize;
     for (i, (token, _)) in tokens.iter().enumerate() {

@@ -7,12 +7,12 @@ use std::ops::Range;
 use pg_query::protobuf::{self, node::Node as NodeEnum, DiscardMode};
 use pg_query::NodeRef;
 
-use crate::analysis::StatementInfo;
+use crate::analysis::{ExecuteRef, StatementInfo};
 use crate::children::node_name;
 use crate::collect::{Collector, Role};
 use crate::kind::{DiscardKind, StatementKind};
 use crate::set::set_command;
-use crate::source::{inner_range, Wrapper};
+use crate::source::{after_as_range, execute_name_range, inner_range, Wrapper};
 use crate::text::{def_elems, expr_sql, option_bool, type_sql};
 use crate::transaction::transaction_command;
 use crate::SqlError;
@@ -55,7 +55,9 @@ pub(crate) fn analyze_statement(
             StatementKind::Explain { inner, .. } => inner.session_temp_table,
             _ => false,
         };
+    let executes = executes(sql, node, &kind, &source);
     Ok(StatementInfo {
+        executes,
         kind,
         text: sql.get(source.clone()).unwrap_or_default().to_owned(),
         source,
@@ -81,6 +83,33 @@ pub(crate) fn analyze_statement(
                 | NodeRef::ReassignOwnedStmt(_)
         ),
     })
+}
+
+/// The prepared statement run from inside `EXPLAIN` or `CREATE TABLE AS` (see
+/// `StatementInfo::executes`).
+fn executes(
+    sql: &str,
+    node: NodeRef<'_>,
+    kind: &StatementKind,
+    source: &Range<usize>,
+) -> Option<ExecuteRef> {
+    match (node, kind) {
+        (_, StatementKind::Explain { inner, .. }) => match &inner.kind {
+            StatementKind::Execute { name, .. } => Some(ExecuteRef {
+                name: name.clone(),
+                name_range: execute_name_range(sql, inner.source.clone()),
+            }),
+            _ => None,
+        },
+        (NodeRef::CreateTableAsStmt(s), _) => match s.query.as_deref()?.node.as_ref()? {
+            NodeEnum::ExecuteStmt(e) => Some(ExecuteRef {
+                name: e.name.clone(),
+                name_range: execute_name_range(sql, after_as_range(sql, source.clone())),
+            }),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// How relations the statement names directly are to be read, or `None` when the statement

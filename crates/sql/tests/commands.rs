@@ -641,3 +641,42 @@ fn explain_reports_analyze_and_its_statement() {
         assert_eq!(stmt.writes, inner.writes, "{sql}");
     }
 }
+
+#[test]
+fn statements_run_from_explain_or_create_table_as_are_located() {
+    let cases = [
+        ("EXPLAIN EXECUTE p", Some(("p", "p"))),
+        (
+            "EXPLAIN (ANALYZE, COSTS off) EXECUTE p(1, 'x')",
+            Some(("p", "p")),
+        ),
+        (
+            "EXPLAIN ANALYZE VERBOSE execute /* c */ \"My P\" (1)",
+            Some(("My P", "\"My P\"")),
+        ),
+        ("CREATE TABLE t AS EXECUTE p", Some(("p", "p"))),
+        (
+            "create table execute (a) as execute execute(2) with no data",
+            Some(("execute", "execute")),
+        ),
+        (
+            "CREATE TEMP TABLE t WITH (fillfactor = 50) AS EXECUTE q",
+            Some(("q", "q")),
+        ),
+        ("EXPLAIN SELECT 1", None),
+        ("CREATE TABLE t AS SELECT 1", None),
+        ("EXECUTE p", None),
+    ];
+    for (text, want) in cases {
+        let got = only(text).executes;
+        match (want, got) {
+            (None, None) => {}
+            (Some((name, written)), Some(got)) => {
+                assert_eq!(got.name, name, "{text}");
+                let range = got.name_range.unwrap_or_else(|| panic!("{text}: no range"));
+                assert_eq!(&text[range], written, "{text}");
+            }
+            (want, got) => panic!("{text}: want {want:?}, got {got:?}"),
+        }
+    }
+}

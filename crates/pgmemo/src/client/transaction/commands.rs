@@ -190,12 +190,16 @@ impl Planner<'_> {
                 | StatementKind::Deallocate { .. }
                 | StatementKind::Discard(sql::DiscardKind::All)
         );
+        let sql_level = sql_level || stmt.executes.is_some();
         if sql_level && protocol == (Protocol::Extended { named: true }) {
             return Err(unsupported(
                 "PREPARE, EXECUTE, DEALLOCATE and DISCARD ALL in a named protocol-level \
                  statement are not supported in transaction pooling",
                 "Send them with the simple query protocol or as unnamed statements.",
             ));
+        }
+        if let Some(executes) = &stmt.executes {
+            return self.wrapped_execute(stmt, executes, prep);
         }
         match &stmt.kind {
             StatementKind::Set(set) => Ok(match reset_to_startup(set, self.startup) {
@@ -274,7 +278,7 @@ impl Planner<'_> {
                     format!("({})", params.join(", "))
                 };
                 Ok((
-                    Outcome::plain(),
+                    executed(&prepared),
                     Some(format!("EXECUTE {}{args}", prepared.name)),
                 ))
             }
@@ -323,6 +327,60 @@ impl Planner<'_> {
             )),
             _ => Ok((Outcome::plain(), None)),
         }
+    }
+}
+
+impl Planner<'_> {
+    /// `EXPLAIN EXECUTE name` or `CREATE TABLE ... AS EXECUTE name`: the client's statement
+    /// of that name, under pgmemo's name on the server.
+    fn wrapped_execute(
+        &mut self,
+        stmt: &StatementInfo,
+        executes: &sql::ExecuteRef,
+        prep: &mut Vec<ServerPrep>,
+    ) -> Result<(Outcome, Option<String>), ErrorResponse> {
+        let prepared = self
+            .client
+            .get(&executes.name)
+            .cloned()
+            .ok_or_else(|| missing(&executes.name))?;
+        let name = executes
+            .name_range
+            .as_ref()
+            .and_then(|r| {
+                let start = r.start.checked_sub(stmt.source.start)?;
+                let end = r.end.checked_sub(stmt.source.start)?;
+                Some((stmt.text.get(..start)?, stmt.text.get(end..)?))
+            })
+            .ok_or_else(|| {
+                unsupported(
+                    "pgmemo cannot find the statement name in this EXECUTE",
+                    "Write it as EXECUTE name on its own.",
+                )
+            })?;
+        self.ensure(&prepared, prep);
+        let text = format!("{}{}{}", name.0, prepared.name, name.1);
+        Ok((executed(&prepared), Some(text)))
+    }
+}
+
+/// What running a SQL-level prepared statement does to the session: its text was analysed
+/// when it was prepared, but calls of `set_config` in it change settings only when it runs.
+fn executed(statement: &PreparedStatement) -> Outcome {
+    let text = &*statement.key.text;
+    let sets = sql::may_affect_session(text)
+        && sql::analyze(text).map_or(true, |a| {
+            a.statements
+                .iter()
+                .any(|s| s.functions.iter().any(|f| f.name == "set_config"))
+        });
+    if sets {
+        Outcome {
+            effect: Effect::SettingsUnknown,
+            tag: None,
+        }
+    } else {
+        Outcome::plain()
     }
 }
 
@@ -519,11 +577,6 @@ fn refusal(stmt: &StatementInfo) -> Result<(), ErrorResponse> {
                 "DECLARE ... WITH HOLD",
                 "Declare the cursor without WITH HOLD inside a transaction.",
             )
-        }
-        StatementKind::Explain { inner, .. }
-            if matches!(inner.kind, StatementKind::Execute { .. }) =>
-        {
-            return refuse("EXPLAIN EXECUTE", "EXPLAIN the statement text instead.")
         }
         _ => {}
     }
