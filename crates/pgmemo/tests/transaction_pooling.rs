@@ -891,6 +891,8 @@ async fn session_only_features_get_a_clear_error() {
             "CREATE TEMP TABLE txn_tt (a int)".to_owned(),
             "CREATE TEMPORARY TABLE txn_tt (a int)".to_owned(),
             format!("SELECT pg_advisory_lock({key})"),
+            // Prepared for later: refused when prepared.
+            format!("PREPARE txn_locker AS SELECT pg_advisory_lock({key})"),
             "SET ROLE postgres".to_owned(),
             "SET SESSION AUTHORIZATION postgres".to_owned(),
         ] {

@@ -566,6 +566,8 @@ fn refusal(stmt: &StatementInfo) -> Result<(), ErrorResponse> {
         ))
     };
     match &stmt.kind {
+        // What the statement would do when executed is refused when it is prepared.
+        StatementKind::Prepare { statement, .. } => refusal(statement)?,
         StatementKind::Listen { .. } => {
             return refuse(
                 "LISTEN",
