@@ -346,6 +346,33 @@ async fn settings_changed_by_an_executed_statement(cache: Switch) {
     .await;
 }
 
+/// A FunctionCall message runs a function by OID, which pgmemo cannot read: the server is
+/// reset before another client uses it, whatever the function changed.
+#[tokio::test]
+async fn settings_changed_through_a_function_call_message_do_not_leak() {
+    use txn_support::{msg, Raw};
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let b = pgmemo.client(USER, DB).await;
+        let path = value(&b, "SHOW search_path").await;
+        let mut a = Raw::login(pgmemo.port()).await;
+        // set_config(text, text, boolean) is OID 2078.
+        let got = a
+            .exchange(&[msg::function_call(
+                2078,
+                &["search_path", "pg_catalog", "false"],
+            )])
+            .await;
+        assert!(got.iter().any(|l| l.contains("'V'")), "{got:?}");
+        assert_eq!(
+            value(&b, "SHOW search_path").await,
+            path,
+            "B got A's search_path"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
     within(TEST_DEADLINE, async {

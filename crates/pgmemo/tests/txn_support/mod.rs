@@ -300,6 +300,19 @@ pub mod msg {
         frame(b'S', &[])
     }
 
+    /// FunctionCall of the function `oid` with text arguments and a text result.
+    pub fn function_call(oid: u32, args: &[&str]) -> Vec<u8> {
+        let mut b = oid.to_be_bytes().to_vec();
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b.extend_from_slice(&(args.len() as u16).to_be_bytes());
+        for a in args {
+            b.extend_from_slice(&(a.len() as i32).to_be_bytes());
+            b.extend_from_slice(a.as_bytes());
+        }
+        b.extend_from_slice(&0u16.to_be_bytes());
+        frame(b'F', &b)
+    }
+
     pub fn flush() -> Vec<u8> {
         frame(b'H', &[])
     }
@@ -379,12 +392,12 @@ impl Raw {
     }
 
     /// Sends `messages` in one write and returns every answer up to the ReadyForQuery of the
-    /// last Sync or Query among them, one line each (see [`describe`]); ParameterStatus,
+    /// last Sync, Query or FunctionCall among them, one line each (see [`describe`]); ParameterStatus,
     /// notices and notifications are left out.
     pub async fn exchange(&mut self, messages: &[Vec<u8>]) -> Vec<String> {
         let mut pending = messages
             .iter()
-            .filter(|m| matches!(m.first(), Some(b'S' | b'Q')))
+            .filter(|m| matches!(m.first(), Some(b'S' | b'Q' | b'F')))
             .count();
         assert!(
             pending > 0,

@@ -139,6 +139,9 @@ pub fn translate(
         frontend::tag::FUNCTION_CALL => {
             sync_settings(link, out);
             out.extend_from_slice(frame.raw());
+            // A function called by OID (set_config, an advisory lock, anything) may change
+            // session state pgmemo cannot see: the server is reset before its next client.
+            link.server.settings.unknown = true;
             let mut entry = Entry::forward(Expect::Query);
             if link.cache.is_some() {
                 entry.effects = Some(Box::new(writes_anything()));
