@@ -1541,6 +1541,85 @@ async fn a_prepare_that_did_not_run_leaves_the_servers_statement_alone() {
 
 /// A `DEALLOCATE` or Close that the server skips (an error before it, an aborted block)
 /// drops nothing, as in PostgreSQL: the statement still runs afterwards.
+/// A name dropped and prepared again in a request the server skipped keeps its first
+/// statement, as in PostgreSQL, where neither the drop nor the new statement happened.
+#[tokio::test]
+async fn a_skipped_drop_and_prepare_of_one_name_keep_the_first_statement() {
+    use txn_support::{msg, Raw};
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        a.batch_execute("PREPARE p AS SELECT 'first'::text")
+            .await
+            .unwrap();
+        a.batch_execute("SELECT 1/0; DEALLOCATE p; PREPARE p AS SELECT 'second'::text")
+            .await
+            .expect_err("division by zero");
+        assert_eq!(value(&a, "EXECUTE p").await, "first");
+
+        let mut raw = Raw::login(pgmemo.port()).await;
+        raw.exchange(&[msg::parse("s", "SELECT 'first'::text", &[]), msg::sync()])
+            .await;
+        let skipped = raw
+            .exchange(&[
+                msg::parse("", "SELECT 1/0", &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                msg::close(b'S', "s"),
+                msg::parse("s", "SELECT 'second'::text", &[]),
+                msg::sync(),
+            ])
+            .await;
+        assert!(skipped.iter().any(|l| l.contains("22012")), "{skipped:?}");
+        let run = raw
+            .exchange(&[msg::bind("", "s", &[]), msg::execute("", 0), msg::sync()])
+            .await;
+        assert!(run.iter().any(|l| l.contains("first")), "{run:?}");
+    })
+    .await;
+}
+
+/// pgmemo's Close of a statement it evicts from a full server, skipped by the server (an
+/// error earlier in the batch): the server keeps the statement, and pgmemo's record says so,
+/// so the statement is not prepared there again (which would fail with 42P05).
+#[tokio::test]
+async fn a_skipped_eviction_leaves_the_statement_usable() {
+    use txn_support::{msg, Raw};
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = Switch::Off;
+            c.max_prepared_statements = 2;
+        })
+        .await;
+        let mut raw = Raw::login(pgmemo.port()).await;
+        let a_text = format!("SELECT '{}'::text", unique("evicted"));
+        raw.exchange(&[
+            msg::parse("a", &a_text, &[]),
+            msg::parse("b", "SELECT 2", &[]),
+            msg::sync(),
+        ])
+        .await;
+        let skipped = raw
+            .exchange(&[
+                msg::parse("", "SELECT 1/0", &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                msg::parse("c", "SELECT 3", &[]),
+                msg::sync(),
+            ])
+            .await;
+        assert!(skipped.iter().any(|l| l.contains("22012")), "{skipped:?}");
+        for _ in 0..2 {
+            let run = raw
+                .exchange(&[msg::bind("", "a", &[]), msg::execute("", 0), msg::sync()])
+                .await;
+            assert!(run.iter().any(|l| l.contains("evicted")), "{run:?}");
+            assert!(!run.iter().any(|l| l.contains("42P05")), "{run:?}");
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_skipped_deallocate_or_close_keeps_the_statement() {
     use txn_support::{msg, Raw};

@@ -166,6 +166,12 @@ impl ServerStatements {
         evicted
     }
 
+    /// Records `statement` again after pgmemo's Close of it was skipped: the server still
+    /// has it. Not a use; the next `insert` evicts as usual if the server holds too many.
+    pub fn restore(&mut self, statement: Arc<PreparedStatement>) {
+        self.prepared.entry(statement.id).or_insert((statement, 0));
+    }
+
     /// Forgets a statement whose preparation failed.
     pub fn remove(&mut self, id: u64) {
         self.prepared.remove(&id);

@@ -82,12 +82,18 @@ pub enum Expect {
     Local,
 }
 
-/// What to undo when a Parse (or SQL PREPARE) fails or is skipped after an earlier error.
+/// What to undo when a Parse (or SQL PREPARE) fails or is skipped after an earlier error,
+/// or when the server skips pgmemo's Close of a statement.
 #[derive(Clone)]
 pub struct Revert {
     pub statement: Arc<PreparedStatement>,
+    /// The client's name that the message gave the statement: forgotten again.
     pub client_name: Option<String>,
+    /// The message was to create the statement on the server: it is not there.
     pub on_server: bool,
+    /// The message was pgmemo's Close of the statement (an eviction): the server still has
+    /// it, and preparing it again there would fail with 42P05.
+    pub closed: bool,
 }
 
 /// One answer (or group of answers) owed to the client.
@@ -239,11 +245,15 @@ impl Link<'_> {
         if revert.on_server {
             self.server.statements.remove(revert.statement.id);
         }
+        if revert.closed {
+            self.server.statements.restore(revert.statement);
+        }
     }
 
-    /// Undoes the effects of statements `from..` of an entry that did not run.
+    /// Undoes the effects of statements `from..` of an entry that did not run, last first
+    /// (`DEALLOCATE p; PREPARE p AS ...` is undone back to the first `p`).
     pub fn revert_outcomes(&mut self, outcomes: &[Outcome]) {
-        for outcome in outcomes {
+        for outcome in outcomes.iter().rev() {
             if let Effect::Deallocated(statements) = &outcome.effect {
                 for (name, statement) in statements {
                     if !self.client.statements.contains_key(name) {
@@ -264,6 +274,7 @@ impl Link<'_> {
                     statement: statement.clone(),
                     client_name: Some(client_name.clone()),
                     on_server: *created,
+                    closed: false,
                 });
             }
         }

@@ -462,6 +462,7 @@ fn parse(
             statement,
             client_name: Some(name),
             on_server: false,
+            closed: false,
         }));
         link.queue.push_back(entry);
         return Ok(true);
@@ -482,6 +483,7 @@ fn parse(
         statement,
         client_name: Some(name),
         on_server: true,
+        closed: false,
     }));
     link.queue.push_back(entry);
     Ok(false)
@@ -667,7 +669,14 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                     name: Bytes::from(statement.name.clone()),
                 }
                 .encode(out);
-                link.queue.push_back(Entry::swallow(Expect::Close));
+                let mut entry = Entry::swallow(Expect::Close);
+                entry.revert = Some(Box::new(Revert {
+                    statement: Arc::clone(statement),
+                    client_name: None,
+                    on_server: false,
+                    closed: true,
+                }));
+                link.queue.push_back(entry);
             }
             ServerPrep::Create(statement) => {
                 // Recorded as on the server already: if the server skips or refuses it (an
@@ -677,6 +686,7 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                     statement: Arc::clone(statement),
                     client_name: None,
                     on_server: true,
+                    closed: false,
                 });
                 match &statement.create {
                     StatementSource::Parse(parse) => {

@@ -509,17 +509,19 @@ fn on_error(link: &mut Link<'_>) {
         // and what the client pipelined after it runs normally.
         return;
     }
-    let mut first = true;
+    let mut skipped = Vec::new();
     while let Some(entry) = link.queue.front() {
-        if !first && entry.expect == Expect::Sync {
+        if !skipped.is_empty() && entry.expect == Expect::Sync {
             break;
         }
-        first = false;
-        let entry = link.queue.pop_front().expect("checked");
+        skipped.push(link.queue.pop_front().expect("checked"));
+    }
+    // Undone last first: a Close and a Parse of one name are undone back to the first.
+    for entry in skipped.into_iter().rev() {
+        link.revert_outcomes(&entry.outcomes[entry.next.min(entry.outcomes.len())..]);
         if let Some(revert) = entry.revert {
             link.revert(*revert);
         }
-        link.revert_outcomes(&entry.outcomes[entry.next.min(entry.outcomes.len())..]);
     }
 }
 
