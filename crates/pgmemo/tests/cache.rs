@@ -1366,6 +1366,45 @@ async fn a_view_calling_a_volatile_function_counts_as_a_write() {
     );
 }
 
+/// `SELECT ... INTO` creates a table as `CREATE TABLE AS` does: rows read in its block are
+/// not stored (the block wrote), and names it shadows are looked up again.
+#[tokio::test]
+async fn select_into_counts_as_creating_a_table() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE src AS SELECT generate_series(1, 3) AS n;
+         CREATE SCHEMA app;
+         CREATE TABLE public.shadow AS SELECT 1 AS n;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    c.batch_execute("BEGIN; SELECT * INTO made FROM src")
+        .await
+        .unwrap();
+    let count = "SELECT count(*) FROM made";
+    assert_eq!(first(&c, count).await.as_deref(), Some("3"));
+    assert_eq!(first(&c, count).await.as_deref(), Some("3"));
+    c.batch_execute("ROLLBACK").await.unwrap();
+    let other = memo.client("postgres", "postgres").await;
+    let e = other.simple_query(count).await.expect_err("rolled back");
+    assert_eq!(e.code().map(|c| c.code()), Some("42P01"), "{e:?}");
+
+    c.batch_execute("SET search_path = app, public")
+        .await
+        .unwrap();
+    let count = "SELECT count(*) FROM shadow";
+    assert_eq!(first(&c, count).await.as_deref(), Some("1"));
+    assert_eq!(first(&c, count).await.as_deref(), Some("1"));
+    c.batch_execute("SELECT n INTO app.shadow FROM generate_series(1, 5) AS n")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&c, count).await.as_deref(),
+        Some("5"),
+        "app.shadow now"
+    );
+}
+
 /// `TRUNCATE ... CASCADE` also empties the tables whose foreign keys reach the named one,
 /// whatever their ON DELETE action.
 #[tokio::test]

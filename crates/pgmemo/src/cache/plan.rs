@@ -449,8 +449,12 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         | StatementKind::Values
         | StatementKind::DeclareCursor { .. }
         | StatementKind::Explain { .. } => {
-            if s.select_into || s.data_modifying_cte {
+            if s.data_modifying_cte {
                 e.merge(&dml_effects(s, inputs));
+            }
+            // SELECT ... INTO creates a table, as CREATE TABLE AS does.
+            if s.select_into {
+                ddl_effects(s, &mut e);
             }
             if let StatementKind::Explain {
                 analyze: true,
@@ -465,13 +469,7 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         k if is_dml(k) => e.merge(&dml_effects(s, inputs)),
         // Reorder or rebuild storage without changing any row.
         StatementKind::Other(node) if node == "ClusterStmt" || node == "ReindexStmt" => {}
-        StatementKind::Ddl => {
-            e.database_wide = true;
-            e.ddl = true;
-            e.all_databases = s.changes_roles;
-            // CREATE TEMP TABLE changes what names mean to this session (see the context).
-            e.settings = true;
-        }
+        StatementKind::Ddl => ddl_effects(s, &mut e),
         // EXECUTE: its statement is the session's, planned when it was prepared.
         StatementKind::Execute { .. } => {
             e.database_wide = true;
@@ -505,6 +503,15 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         e.hidden_settings |= inputs.view_functions_may_change_settings;
     }
     e
+}
+
+/// What DDL does: anything of the database may read differently now.
+fn ddl_effects(s: &StatementInfo, e: &mut Effects) {
+    e.database_wide = true;
+    e.ddl = true;
+    e.all_databases |= s.changes_roles;
+    // CREATE TEMP TABLE changes what names mean to this session (see the context).
+    e.settings = true;
 }
 
 /// Whether a statement calling volatile functions may change the session's settings: one of
