@@ -664,6 +664,39 @@ async fn extended_reads_in_a_block_that_has_not_written_are_served_from_the_cach
     .await;
 }
 
+/// A write executed after a ROLLBACK in one extended-protocol batch runs on its own and
+/// commits at the Sync: it invalidates, although the block before it rolled back.
+#[tokio::test]
+async fn a_write_batched_after_a_rollback_invalidates() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        let q = "SELECT v FROM t WHERE id = 1";
+        let before = first(&direct, q).await;
+        assert_eq!(first(&c, q).await, before);
+        assert_eq!(first(&c, q).await, before);
+        let mut r = raw::Raw::connect(memo.addr()).await;
+        r.round_trip(&[raw::query("BEGIN")]).await;
+        r.round_trip(&[
+            raw::parse("ROLLBACK", &[]),
+            raw::bind(&[]),
+            raw::execute(),
+            raw::parse("UPDATE t SET v = 'after rollback' WHERE id = 1", &[]),
+            raw::bind(&[]),
+            raw::execute(),
+            raw::sync(),
+        ])
+        .await;
+        assert_eq!(
+            first(&direct, q).await.as_deref(),
+            Some("after rollback"),
+            "committed at the Sync"
+        );
+        assert_eq!(first(&c, q).await.as_deref(), Some("after rollback"));
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
     within(DEADLINE, async {

@@ -272,7 +272,9 @@ impl TxnCache {
     /// A statement's answer arrived: it ran (or began to), so its effects count.
     pub fn answered(&mut self, effects: &Effects) {
         self.txn.merge(effects);
-        if effects.rollback && effects.writes_data() {
+        // Writes of this request after a ROLLBACK it ran (a later Execute of the batch, or a
+        // later statement of the Query) commit on their own.
+        if (effects.rollback || self.rollback_seen) && effects.writes_data() {
             match &mut self.rollback_request {
                 Some(e) => e.merge(effects),
                 None => self.rollback_request = Some(effects.clone()),

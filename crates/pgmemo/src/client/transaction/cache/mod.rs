@@ -101,8 +101,9 @@ pub struct TxnCache {
     /// A `ROLLBACK` tag arrived since the last ReadyForQuery.
     rollback_seen: bool,
     /// The effects of a request that rolls back and also writes (`ROLLBACK; UPDATE ...` in
-    /// one Query): which of its statements came after the ROLLBACK is not known, so its
-    /// writes count as committed even when the block is rolled back.
+    /// one Query, or an Execute of a write after one of ROLLBACK in one batch): which of its
+    /// statements came after the ROLLBACK is not always known, so its writes count as
+    /// committed even when the block is rolled back.
     rollback_request: Option<Effects>,
     /// The last ReadyForQuery said a transaction block was open.
     in_block: bool,
