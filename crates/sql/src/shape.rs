@@ -56,6 +56,9 @@ pub fn shape_into(sql: &str, standard_conforming_strings: bool, out: &mut Vec<u8
     let base = out.len();
     out.reserve(b.len());
     let mut facts = ShapeFacts::default();
+    // The value so far of a string literal continued on the next line (`'to'` newline
+    // `'day'` is `'today'`).
+    let mut continued: Option<Vec<u8>> = None;
     let mut i = 0;
     // `sql[copied..i]` is kept verbatim and not written to `out` yet. Both always sit on an
     // ASCII byte or at the end: runs end before a special ASCII byte or after a token.
@@ -88,7 +91,13 @@ pub fn shape_into(sql: &str, standard_conforming_strings: bool, out: &mut Vec<u8
                 let escape = !standard_conforming_strings
                     || (after_word && ends_with_escape_prefix(&out[base..]));
                 let (end, body_end) = string_end(b, i + 1, escape);
-                facts.time_literal |= has_time_word(&b[i + 1..body_end]);
+                let unicode = i >= 2 && b[i - 1] == b'&' && b[i - 2].eq_ignore_ascii_case(&b'u');
+                facts.time_literal |= literal_reads_clock(
+                    &b[i + 1..body_end],
+                    Prefix { escape, unicode },
+                    &b[end..],
+                    &mut continued,
+                );
                 out.push(b'?');
                 i = end;
                 copied = end;
@@ -208,9 +217,142 @@ fn note_hint(comment: &str, hints: &mut Vec<String>) {
     }
 }
 
-/// Most bytes PostgreSQL reads as date/time input (`MAXDATELEN`): a longer value is refused
-/// by every date/time type, so it cannot read the clock.
+/// Most bytes PostgreSQL reads as date/time input (`MAXDATELEN`): a value with more letters
+/// and digits is refused by every date/time type, so it cannot read the clock. (Blanks and
+/// most punctuation are not counted there: `'now'` padded with spaces is still `now`.)
 const MAX_DATE_INPUT: usize = 128;
+
+/// How a string literal was introduced.
+#[derive(Clone, Copy)]
+struct Prefix {
+    /// Backslashes escape (`E'...'`, or `standard_conforming_strings` off).
+    escape: bool,
+    /// `U&'...'`: backslash (or `UESCAPE`) escapes give code points.
+    unicode: bool,
+}
+
+/// Whether a string literal's value, as PostgreSQL reads it, is clock-reading date/time
+/// input (see [`has_time_word`]). `body` is the text between the quotes, `rest` the text
+/// after the literal, `continued` the value of the literal this one continues (if any).
+fn literal_reads_clock(
+    body: &[u8],
+    prefix: Prefix,
+    rest: &[u8],
+    continued: &mut Option<Vec<u8>>,
+) -> bool {
+    if prefix.unicode && (body.contains(&b'\\') || uescape_follows(rest)) {
+        // A unicode escape can spell any letter; such literals are rare enough to refuse.
+        return true;
+    }
+    let decoded;
+    let value: &[u8] = if prefix.escape && body.contains(&b'\\') {
+        decoded = unescape(body);
+        &decoded
+    } else {
+        body
+    };
+    let joined = continued.take().map(|mut v| {
+        v.extend_from_slice(value);
+        v
+    });
+    let value = joined.as_deref().unwrap_or(value);
+    let reads = has_time_word(value);
+    if continues_on_next_line(rest) {
+        *continued = Some(value.to_vec());
+    }
+    reads
+}
+
+/// The value of an escape string's body: `\n`, octal, hex and unicode escapes, and `\`
+/// before any other character. Code points past ASCII become a byte no date/time input holds.
+fn unescape(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        let c = body[i];
+        i += 1;
+        if c != b'\\' {
+            out.push(c);
+            if c == b'\'' && body.get(i) == Some(&b'\'') {
+                i += 1;
+            }
+            continue;
+        }
+        let Some(&e) = body.get(i) else { break };
+        i += 1;
+        let digits = |i: &mut usize, max: usize, radix: u32| {
+            let mut v: u32 = 0;
+            let mut n = 0;
+            while n < max {
+                match body.get(*i).and_then(|&d| (d as char).to_digit(radix)) {
+                    Some(d) => v = v * radix + d,
+                    None => break,
+                }
+                *i += 1;
+                n += 1;
+            }
+            (v, n)
+        };
+        let byte = match e {
+            b'b' => 8,
+            b'f' => 12,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'0'..=b'7' => {
+                i -= 1;
+                digits(&mut i, 3, 8).0 as u8
+            }
+            b'x' => match digits(&mut i, 2, 16) {
+                (v, n) if n > 0 => v as u8,
+                _ => b'x',
+            },
+            b'u' | b'U' => {
+                let (v, _) = digits(&mut i, if e == b'u' { 4 } else { 8 }, 16);
+                u8::try_from(v).ok().filter(u8::is_ascii).unwrap_or(0x80)
+            }
+            other => other,
+        };
+        out.push(byte);
+    }
+    out
+}
+
+/// Whether a `UESCAPE` clause follows a `U&'...'` literal (blanks and comments aside).
+fn uescape_follows(rest: &[u8]) -> bool {
+    let start = rest
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(rest.len());
+    rest[start..]
+        .get(..7)
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"uescape"))
+        || rest[start..].starts_with(b"/*")
+        || rest[start..].starts_with(b"--")
+}
+
+/// Whether the literal goes on in the next one: blanks holding a line break (line comments
+/// count as such), then a quote, as PostgreSQL's scanner joins them.
+fn continues_on_next_line(rest: &[u8]) -> bool {
+    let mut i = 0;
+    let mut newline = false;
+    while i < rest.len() {
+        match rest[i] {
+            b'\n' | b'\r' => newline = true,
+            b' ' | b'\t' | b'\x0c' => {}
+            b'-' if rest.get(i + 1) == Some(&b'-') => {
+                while i < rest.len() && rest[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'\'' => return newline,
+            _ => return false,
+        }
+        i += 1;
+    }
+    false
+}
 
 /// Whether a value, read as date/time input, holds one of the special words that read the
 /// clock (`now`, `today`, `tomorrow`, `yesterday`) as a field of its own, anywhere
@@ -220,7 +362,9 @@ pub fn has_time_word(value: &[u8]) -> bool {
     // Date/time input holds only these (PostgreSQL's lexer refuses anything else), so a
     // value with another character (`'now''s'`) is no such input.
     let date_char = |c: &u8| c.is_ascii_alphanumeric() || b" \t\r\n-:./+,_".contains(c);
-    if value.len() > MAX_DATE_INPUT || !value.iter().all(date_char) {
+    if !value.iter().all(date_char)
+        || value.iter().filter(|c| c.is_ascii_alphanumeric()).count() > MAX_DATE_INPUT
+    {
         return false;
     }
     value.split(|c| !c.is_ascii_alphabetic()).any(|w| {
@@ -376,6 +520,32 @@ mod tests {
         assert!(!shape("select 'nowhere'", true).time_literal);
         assert!(shape("select '00:00 tomorrow'::timestamptz", true).time_literal);
         assert!(shape("select '2024-01-01 today'::date", true).time_literal);
+    }
+
+    #[test]
+    fn time_words_spelled_with_escapes_or_continuations_are_noticed() {
+        let time = |sql: &str| shape(sql, true).time_literal;
+        // Escape strings are read as PostgreSQL reads them.
+        assert!(time(r"select E'\x74oday'::date"));
+        assert!(time(r"select e'\164oday'::date"));
+        assert!(time(r"select E'\u006eow'::timestamptz"));
+        assert!(time(r"select E'to\day'::date"));
+        assert!(!time(r"select E'line\nbreak'"));
+        assert!(shape(r"select 'n\x6fw'::date", false).time_literal);
+        // Unicode escapes can spell anything.
+        assert!(time(r"select U&'\006Eow'::timestamptz"));
+        assert!(time("select U&'!006Eow' UESCAPE '!'::timestamptz"));
+        assert!(!time("select U&'plain'"));
+        // A literal continued on the next line is one value.
+        assert!(time("select 'to'\n'day'::date"));
+        assert!(time("select 'to' -- c\n  'mor'\n'row'::date"));
+        assert!(!time("select 'to' 'day'"), "a syntax error, not a literal");
+        // Blanks do not count toward PostgreSQL's limit on date/time input.
+        assert!(time(&format!(
+            "select 'now{}'::timestamptz",
+            " ".repeat(300)
+        )));
+        assert!(!time(&format!("select 'now {}'::text", "x".repeat(300))));
     }
 
     #[test]
