@@ -920,6 +920,11 @@ async fn session_only_features_get_a_clear_error() {
             format!("SELECT pg_advisory_lock({key})"),
             // Prepared for later: refused when prepared.
             format!("PREPARE txn_locker AS SELECT pg_advisory_lock({key})"),
+            // Other objects of the temporary schema, and a search_path that creates there.
+            "CREATE FUNCTION pg_temp.txn_f() RETURNS int LANGUAGE sql AS 'SELECT 1'".to_owned(),
+            "CREATE DOMAIN pg_temp.txn_d AS int".to_owned(),
+            "SET search_path = public, pg_temp".to_owned(),
+            "SET LOCAL search_path TO pg_temp".to_owned(),
             "SET ROLE postgres".to_owned(),
             "SET SESSION AUTHORIZATION postgres".to_owned(),
         ] {
@@ -1719,6 +1724,15 @@ async fn settings_pgmemo_cannot_replay_are_refused() {
             .expect("the login is refused");
         assert_eq!(sqlstate(&e), Some("0A000"), "{e:?}");
         assert!(db_message(&e).contains("-B 100"), "{e:?}");
+        let mut config: tokio_postgres::Config = pgmemo.url(USER, DB).parse().unwrap();
+        config.options("-c search_path=public,pg_temp");
+        let e = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("the login is refused");
+        assert_eq!(sqlstate(&e), Some("0A000"), "{e:?}");
+        assert!(db_message(&e).contains("pg_temp"), "{e:?}");
     })
     .await;
 }

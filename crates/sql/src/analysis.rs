@@ -77,7 +77,8 @@ pub struct StatementInfo {
     pub tablesample: bool,
     /// The statement creates a temporary table, view or sequence that outlives its transaction
     /// (`CREATE TEMP TABLE`, `CREATE TEMP TABLE ... AS`, `SELECT ... INTO TEMP`,
-    /// `CREATE TEMP VIEW`, `CREATE TEMP SEQUENCE`, or any of them naming the `pg_temp` schema),
+    /// `CREATE TEMP VIEW`, `CREATE TEMP SEQUENCE`, or any of them naming the `pg_temp` schema,
+    /// and functions, procedures, types, domains and aggregates created in `pg_temp`),
     /// unless it is `ON COMMIT DROP`; `ON COMMIT DELETE ROWS` keeps the table. Such a relation is
     /// session state: under transaction pooling the client must stay on its server connection.
     /// `PREPARE` and `EXPLAIN` report their statement's value. Read from the text alone: a plain

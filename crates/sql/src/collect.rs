@@ -118,6 +118,30 @@ impl Collector {
                 self.session_temp_table |= temp::relation(s.sequence.as_ref());
                 self.children(node, role);
             }
+            NodeRef::CompositeTypeStmt(s) => {
+                self.session_temp_table |= temp::relation(s.typevar.as_ref());
+                self.children(node, role);
+            }
+            NodeRef::CreateFunctionStmt(s) => {
+                self.session_temp_table |= temp::named(&s.funcname);
+                self.children(node, role);
+            }
+            NodeRef::DefineStmt(s) => {
+                self.session_temp_table |= temp::named(&s.defnames);
+                self.children(node, role);
+            }
+            NodeRef::CreateDomainStmt(s) => {
+                self.session_temp_table |= temp::named(&s.domainname);
+                self.children(node, role);
+            }
+            NodeRef::CreateEnumStmt(s) => {
+                self.session_temp_table |= temp::named(&s.type_name);
+                self.children(node, role);
+            }
+            NodeRef::CreateRangeStmt(s) => {
+                self.session_temp_table |= temp::named(&s.type_name);
+                self.children(node, role);
+            }
             NodeRef::RangeTableSample(_) => {
                 self.tablesample = true;
                 self.children(node, role);

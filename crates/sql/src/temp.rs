@@ -1,9 +1,10 @@
-//! Temporary relations that outlive their transaction: under transaction pooling they are
-//! session state, so a statement creating one pins the client to its server connection. The
+//! Temporary relations (and other objects created in the temporary schema) that outlive their
+//! transaction: under transaction pooling they are session state, so a statement creating one pins the client to its server connection. The
 //! [`Collector`](crate::collect::Collector) asks these predicates of every relation-creating
 //! node it meets.
 
-use pg_query::protobuf::{CreateStmt, IntoClause, OnCommitAction, RangeVar};
+use pg_query::protobuf::node::Node as NodeEnum;
+use pg_query::protobuf::{CreateStmt, IntoClause, Node, OnCommitAction, RangeVar};
 
 /// `relpersistence` of a relation declared `TEMP`/`TEMPORARY` (`RELPERSISTENCE_TEMP` in
 /// PostgreSQL's `pg_class.h`).
@@ -30,6 +31,16 @@ pub(crate) fn relation(rel: Option<&RangeVar>) -> bool {
 /// the session's own), which PostgreSQL turns into a temporary relation without the keyword.
 fn is_temp(rel: &RangeVar) -> bool {
     rel.relpersistence == RELPERSISTENCE_TEMP || rel.schemaname.starts_with("pg_temp")
+}
+
+/// An object other than a relation (a function, procedure, aggregate, operator, type,
+/// domain, collation, ...) created under a qualified name in the session's temporary schema
+/// (`CREATE FUNCTION pg_temp.f()`): it lives until the session ends.
+pub(crate) fn named(names: &[Node]) -> bool {
+    let [.., schema, _] = names else {
+        return false;
+    };
+    matches!(&schema.node, Some(NodeEnum::String(s)) if s.sval.starts_with("pg_temp"))
 }
 
 /// False only for `ON COMMIT DROP`; `DELETE ROWS` empties the table but keeps it.

@@ -623,6 +623,29 @@ fn temporary_relations_that_outlive_the_transaction() {
             .writes(&["pg_temp.t"])
             .select_into()
             .session_temp_table(),
+        // So does any other object created there.
+        case(
+            "CREATE FUNCTION pg_temp.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+            Ddl,
+        )
+        .session_temp_table(),
+        case("CREATE PROCEDURE pg_temp_3.p() LANGUAGE sql AS ''", Ddl).session_temp_table(),
+        case("CREATE DOMAIN pg_temp.d AS int", Ddl).session_temp_table(),
+        case("CREATE TYPE pg_temp.e AS ENUM ('a')", Ddl).session_temp_table(),
+        case("CREATE TYPE pg_temp.r AS RANGE (subtype = int)", Ddl).session_temp_table(),
+        case("CREATE TYPE pg_temp.c AS (a int)", Ddl)
+            .writes(&["pg_temp.c"])
+            .session_temp_table(),
+        case(
+            "CREATE AGGREGATE pg_temp.a (int) (sfunc = int4pl, stype = int)",
+            Ddl,
+        )
+        .session_temp_table(),
+        case(
+            "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+            Ddl,
+        ),
+        case("CREATE DOMAIN app.d AS int", Ddl),
         // Persistent and unlogged relations are not session state.
         case("CREATE TABLE t (a int)", Ddl).writes(&["t"]),
         case("CREATE UNLOGGED TABLE t (a int)", Ddl).writes(&["t"]),

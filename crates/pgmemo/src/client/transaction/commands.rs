@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use sql::{SetCommand, StatementInfo, StatementKind};
+use sql::{SetCommand, SetValue, StatementInfo, StatementKind};
 use wire::ErrorResponse;
 
 use crate::hash::Map;
@@ -497,6 +497,12 @@ fn reset_to_startup(
 }
 
 fn setting(set: &SetCommand) -> Result<Outcome, ErrorResponse> {
+    if let SetCommand::Assign { name, values, .. } = set {
+        let temp = |v: &SetValue| matches!(v, SetValue::Text(t) if names_temp_schema(t));
+        if name == "search_path" && values.iter().any(temp) {
+            return Err(temp_search_path());
+        }
+    }
     let tracked = |change| Outcome {
         effect: Effect::Setting(TrackedChange { change, real: true }),
         tag: None,
@@ -603,6 +609,21 @@ fn refusal(stmt: &StatementInfo) -> Result<(), ErrorResponse> {
         );
     }
     Ok(())
+}
+
+/// Whether a `search_path` element is the session's temporary schema: with it in the path,
+/// `CREATE TABLE t` can make a temporary table without saying so.
+pub fn names_temp_schema(element: &str) -> bool {
+    element.starts_with("pg_temp")
+}
+
+/// The refusal of a `search_path` naming `pg_temp` (by `SET` or at login).
+pub fn temp_search_path() -> ErrorResponse {
+    unsupported(
+        "a search_path naming pg_temp is not supported in transaction pooling",
+        "Objects created in pg_temp would outlive the transaction on a shared server \
+         connection; leave pg_temp out of search_path.",
+    )
 }
 
 fn unsupported(message: &str, hint: &str) -> ErrorResponse {

@@ -78,6 +78,17 @@ pub fn client_state(
             ));
         }
     }
+    let temp_path = settings.iter().any(|(name, value)| {
+        name == "search_path"
+            && value
+                .split(',')
+                .any(|e| commands::names_temp_schema(e.trim().trim_matches('"')))
+    });
+    if temp_path {
+        let mut e = commands::temp_search_path();
+        e.severity = "FATAL".into();
+        return Err(e);
+    }
     let tag = registry.new_client_tag();
     Ok(ClientState {
         tag,
