@@ -207,6 +207,9 @@ async fn view_function_volatility<C: Catalog>(
 ) -> Result<Option<(u8, bool)>, C::Error> {
     let mut names = plan::LookupNames::default();
     let mut any_view = false;
+    // A view reading the clock or sampling its table gives another answer each time but
+    // writes nothing: as a stable function would.
+    let mut floor = b'i';
     for def in facts
         .relations
         .iter()
@@ -217,9 +220,9 @@ async fn view_function_volatility<C: Catalog>(
             Ok(a) => {
                 if a.statements
                     .iter()
-                    .any(|s| s.sql_value_functions.iter().any(|f| f.is_time()))
+                    .any(|s| s.tablesample || s.sql_value_functions.iter().any(|f| f.is_time()))
                 {
-                    return Ok(Some((b'v', false)));
+                    floor = plan::worse(floor, b's');
                 }
                 let found = plan::names_to_look_up(&a.statements);
                 names.functions.extend(found.functions);
@@ -233,7 +236,7 @@ async fn view_function_volatility<C: Catalog>(
         return Ok(None);
     }
     if names.functions.is_empty() && names.operators.is_empty() && names.casts.is_empty() {
-        return Ok(Some((b'i', false)));
+        return Ok(Some((floor, false)));
     }
     for list in [&mut names.functions, &mut names.operators, &mut names.casts] {
         list.sort();
@@ -251,7 +254,7 @@ async fn view_function_volatility<C: Catalog>(
         .chain(&f.operators)
         .chain(&f.casts)
         .map(|p| p.volatility)
-        .fold(b'i', plan::worse);
+        .fold(floor, plan::worse);
     let named = |p: &catalog::Function| names.functions[p.name_index].1.as_str();
     let settings = f.functions.iter().any(|p| p.may_change_settings(named(p)))
         || f.operators
