@@ -1418,6 +1418,57 @@ async fn select_into_counts_as_creating_a_table() {
     );
 }
 
+/// A statement prepared before DDL changed its result type is not answered from entries
+/// stored after it (with the new type): the client gets PostgreSQL's own refusal, as
+/// directly, instead of rows its cached description misreads. Once the server accepts a Bind
+/// of a statement again, its results are served from the cache again.
+#[tokio::test]
+async fn a_statement_prepared_before_its_row_type_changed_is_not_served_new_rows() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql("CREATE TABLE rt (id int PRIMARY KEY, c int); INSERT INTO rt VALUES (1, 7);")
+        .await;
+    let old = memo.client("postgres", "postgres").await;
+    let text = "SELECT * FROM rt WHERE id = 1";
+    let stmt = old.prepare(text).await.unwrap();
+    for _ in 0..2 {
+        let rows = old.query(&stmt, &[]).await.unwrap();
+        assert_eq!(rows[0].get::<_, i32>(1), 7);
+    }
+    let other = memo.client("postgres", "postgres").await;
+    other
+        .batch_execute("ALTER TABLE rt ALTER COLUMN c TYPE bigint")
+        .await
+        .unwrap();
+    let new = other.prepare(text).await.unwrap();
+    for _ in 0..3 {
+        let rows = other.query(&new, &[]).await.unwrap();
+        assert_eq!(rows[0].get::<_, i64>(1), 7);
+    }
+    let e = old
+        .query(&stmt, &[])
+        .await
+        .expect_err("the result type changed");
+    assert_eq!(e.code().map(|c| c.code()), Some("0A000"), "{e:?}");
+
+    // A statement whose result type did not change is accepted again, then served.
+    let same = old
+        .prepare("SELECT c::int AS v FROM rt WHERE id = 1")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        old.query(&same, &[]).await.unwrap();
+    }
+    other.batch_execute("CREATE INDEX ON rt (c)").await.unwrap();
+    for _ in 0..3 {
+        let rows = old.query(&same, &[]).await.unwrap();
+        assert_eq!(rows[0].get::<_, i32>(0), 7);
+    }
+    // Served from the cache: a write pgmemo cannot see does not show.
+    direct.batch_execute("UPDATE rt SET c = 8").await.unwrap();
+    let rows = old.query(&same, &[]).await.unwrap();
+    assert_eq!(rows[0].get::<_, i32>(0), 7, "a hit again");
+}
+
 /// `TRUNCATE ... CASCADE` also empties the tables whose foreign keys reach the named one,
 /// whatever their ON DELETE action.
 #[tokio::test]

@@ -64,9 +64,8 @@ pub(crate) struct Directive {
     /// answered from the cache (ParseComplete), or a Close of the unnamed statement that a
     /// Query answered from the cache dropped for the client (CloseComplete).
     pub swallow_first: Option<u8>,
-    /// The client's Parses in this request, in order: the n-th ParseComplete confirms the
-    /// n-th.
-    pub parses: Vec<Arc<AtomicBool>>,
+    /// The client's Parses and Binds in this request, which their completions confirm.
+    pub confirms: session::Confirmations,
 }
 
 impl Directive {
@@ -74,7 +73,7 @@ impl Directive {
     pub(crate) fn merge(&mut self, other: Directive) {
         self.effects.merge(&other.effects);
         self.swallow_first = self.swallow_first.or(other.swallow_first);
-        self.parses.extend(other.parses);
+        self.confirms.extend(other.confirms);
         if !matches!(other.action, Action::Forward) {
             self.action = other.action;
         }

@@ -8,7 +8,7 @@
 //! answer must keep its place). Behind anything else they are forwarded as they are, their
 //! effects still tracked.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,6 +21,7 @@ use super::messages::{
     bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message, scan_batch,
     session_switch, split_frames, Batch, BindMessage,
 };
+use super::session::{Confirmation, Confirmations};
 use super::{close_unnamed, Action, CacheSession, Capture, ClientWriter, Directive, Link};
 use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
@@ -42,8 +43,8 @@ struct QuickMiss {
     capture: Option<Box<Capture>>,
     /// The request cannot change anything (see [`Requests::request_sent`]).
     inert: bool,
-    /// Confirmations of Parses sent before the request.
-    parses: Vec<Arc<AtomicBool>>,
+    /// Confirmations of the Parses sent before the request, and of its Bind.
+    confirms: Confirmations,
 }
 
 /// What one routing step did.
@@ -69,8 +70,8 @@ struct Pump {
     syncs_since_request: u64,
     portals: Map<Bytes, Bytes>,
     batch_effects: Effects,
-    /// Confirmation flags of the Parses sent since the last request was noted.
-    parses: Vec<Arc<AtomicBool>>,
+    /// Confirmations of the Parses and Binds sent since the last request was noted.
+    confirms: Confirmations,
     /// Reused for the frame boundaries of each batch.
     frames: Vec<std::ops::Range<usize>>,
 }
@@ -175,7 +176,7 @@ impl Requests<'_> {
                         std::mem::take(&mut pump.batch_effects),
                         Action::Forward,
                         false,
-                        std::mem::take(&mut pump.parses),
+                        std::mem::take(&mut pump.confirms),
                     );
                     pump.syncs_since_request += 1;
                 }
@@ -196,7 +197,7 @@ impl Requests<'_> {
                     ..Effects::default()
                 };
                 pump.syncs_since_request = 0;
-                self.request_sent(effects, Action::Forward, false, Vec::new());
+                self.request_sent(effects, Action::Forward, false, Confirmations::default());
                 send(server, &frame).await?;
             }
             b'c' | b'f' => {
@@ -232,20 +233,20 @@ impl Requests<'_> {
         effects: Effects,
         action: Action,
         inert: bool,
-        parses: Vec<Arc<AtomicBool>>,
+        confirms: Confirmations,
     ) {
         let seq = self.link.sent.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(seq, ?effects, inert, "request sent");
         if !inert {
             self.link.last_non_inert.store(seq + 1, Ordering::Relaxed);
         }
-        if !effects.is_empty() || !matches!(action, Action::Forward) || !parses.is_empty() {
+        if !effects.is_empty() || !matches!(action, Action::Forward) || !confirms.is_empty() {
             self.link.push_or_merge(Directive {
                 seq,
                 action,
                 effects,
                 swallow_first: None,
-                parses,
+                confirms,
             });
         }
         self.st.pending.fetch_add(1, Ordering::Relaxed);
@@ -271,7 +272,7 @@ impl Requests<'_> {
             action: Action::Forward,
             effects: Effects::default(),
             swallow_first: Some(answer),
-            parses: Vec::new(),
+            confirms: Confirmations::default(),
         });
         send(server, &message).await
     }
@@ -420,7 +421,12 @@ impl Requests<'_> {
         sql: &str,
     ) -> Result<Option<Vec<catalog::Row>>, PumpError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.request_sent(Effects::default(), Action::Internal(tx), true, Vec::new());
+        self.request_sent(
+            Effects::default(),
+            Action::Internal(tx),
+            true,
+            Confirmations::default(),
+        );
         send(server, &wire::frontend::query(sql)).await?;
         Ok(rx.await.ok().flatten())
     }
@@ -447,7 +453,12 @@ impl Requests<'_> {
             if !entry.answer_into(&mut bytes, prefix, described) {
                 return Ok(false);
             }
-            self.request_sent(Effects::default(), Action::Hit(bytes), true, Vec::new());
+            self.request_sent(
+                Effects::default(),
+                Action::Hit(bytes),
+                true,
+                Confirmations::default(),
+            );
         } else {
             let out = &mut self.session.out;
             out.clear();
@@ -476,7 +487,12 @@ impl Requests<'_> {
         let Some(text) = frame.get(5..).and_then(|body| body.strip_suffix(b"\0")) else {
             // Not a string: PostgreSQL answers "invalid string in message" and the session
             // goes on, so the server gets it as it is (nothing is looked up, nothing changes).
-            self.request_sent(Effects::default(), Action::Forward, true, Vec::new());
+            self.request_sent(
+                Effects::default(),
+                Action::Forward,
+                true,
+                Confirmations::default(),
+            );
             return send(server, &frame).await;
         };
         // A Query drops the unnamed statement, answered here or by the server; when it is
@@ -551,7 +567,12 @@ impl Requests<'_> {
         }
         // A read of the clock is not stored, but changes nothing either.
         let inert = plan.read.is_ok() && plan.effects.is_empty();
-        self.request_sent(plan.effects.clone(), action, inert, Vec::new());
+        self.request_sent(
+            plan.effects.clone(),
+            action,
+            inert,
+            Confirmations::default(),
+        );
         self.session.unnamed_behind = None;
         send(server, &frame).await
     }
@@ -641,6 +662,17 @@ impl Requests<'_> {
         }
     }
 
+    /// A Bind of `statement` goes to the server: its BindComplete confirms the statement in
+    /// today's plans epoch (see `session::Confirmed`).
+    fn bind_sent(&self, statement: &[u8], pump: &mut Pump) {
+        if let Some(st) = self.session.statements.get(statement) {
+            let epoch = self.session.db.plans_epoch();
+            pump.confirms
+                .binds
+                .push(Confirmation::new(&st.confirmed, epoch));
+        }
+    }
+
     /// Tracks one extended-protocol message forwarded as it is.
     fn extended_passthrough(&mut self, frame: &[u8], pump: &mut Pump) {
         self.track_message(frame, pump, true);
@@ -671,12 +703,16 @@ impl Requests<'_> {
                             p.text,
                             p.param_types,
                         );
-                        pump.parses.push(confirmed);
+                        let epoch = self.session.db.plans_epoch();
+                        pump.confirms
+                            .parses
+                            .push(Confirmation::new(&confirmed, epoch));
                     }
                 }
             }
             b'B' => {
                 if let Some(b) = bind_message(body) {
+                    self.bind_sent(b.statement, pump);
                     if pump
                         .portals
                         .get(b.portal)
@@ -826,9 +862,10 @@ impl Requests<'_> {
                     let p = bytes.slice(frames[0].clone());
                     if let Some(m) = parse_message(&p[5..]) {
                         // Answered by pgmemo (from the cache) if at all: nothing to confirm.
+                        let epoch = self.session.db.plans_epoch();
                         self.session
                             .parsed(Bytes::new(), m.text, m.param_types)
-                            .store(true, Ordering::Relaxed);
+                            .store(epoch + 1, Ordering::Relaxed);
                     }
                 }
                 let prefix: &[u8] = if unnamed_parse {
@@ -838,11 +875,12 @@ impl Requests<'_> {
                 };
                 let bind = &bytes[frames[usize::from(unnamed_parse)].clone()];
                 if let Some(b) = bind_message(&bind[5..]) {
+                    let epoch = self.session.db.plans_epoch();
                     let identity = self
                         .session
                         .statements
                         .get(b.statement)
-                        .filter(|st| st.confirmed.load(Ordering::Relaxed))
+                        .filter(|st| st.confirmed_in(epoch))
                         .map(|st| st.identity.clone());
                     if let Some(identity) = identity {
                         if self.session.start_key(b'E').is_some() {
@@ -1015,8 +1053,8 @@ impl Requests<'_> {
             self.restore_unnamed(parse, server).await?;
         }
         let inert = shape.is_some() && read_ok && effects.is_empty();
-        let parses = std::mem::take(&mut pump.parses);
-        self.request_sent(effects, action, inert, parses);
+        let confirms = std::mem::take(&mut pump.confirms);
+        self.request_sent(effects, action, inert, confirms);
         send(server, bytes).await
     }
 
@@ -1056,6 +1094,7 @@ impl Requests<'_> {
         }
         pump.batch_effects = Effects::default();
         pump.syncs_since_request = 1;
+        self.bind_sent(bind.statement, pump);
         let refused = refusal(plan, Ok(()), time_literal).and_then(|()| {
             if bind_has_time_word(bind) {
                 Err(Refusal::TimeLiteral)
@@ -1073,7 +1112,7 @@ impl Requests<'_> {
         Some(QuickMiss {
             capture,
             inert: plan.read.is_ok(),
-            parses: std::mem::take(&mut pump.parses),
+            confirms: std::mem::take(&mut pump.confirms),
         })
     }
 
@@ -1109,7 +1148,7 @@ impl Requests<'_> {
             },
             None => Action::Forward,
         };
-        self.request_sent(Effects::default(), action, miss.inert, miss.parses);
+        self.request_sent(Effects::default(), action, miss.inert, miss.confirms);
         send(server, bytes).await
     }
 

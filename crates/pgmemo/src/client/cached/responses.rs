@@ -30,6 +30,8 @@ struct InFlight {
     swallowed: bool,
     /// The client's ParseCompletes seen so far.
     parsed: usize,
+    /// The client's BindCompletes seen so far.
+    bound: usize,
     /// A COMMIT completed in this response: its writes are visible to everyone even when
     /// the session is still in a transaction at the end (`COMMIT AND CHAIN`, or more
     /// statements after it in the same Query).
@@ -165,11 +167,21 @@ where
                         if let Some(p) = flight
                             .directive
                             .as_ref()
-                            .and_then(|d| d.parses.get(flight.parsed))
+                            .and_then(|d| d.confirms.parses.get(flight.parsed))
                         {
-                            p.store(true, Ordering::Relaxed);
+                            p.confirm();
                         }
                         flight.parsed += 1;
+                    }
+                    b'2' => {
+                        if let Some(b) = flight
+                            .directive
+                            .as_ref()
+                            .and_then(|d| d.confirms.binds.get(flight.bound))
+                        {
+                            b.confirm();
+                        }
+                        flight.bound += 1;
                     }
                     b'E' => {
                         flight.error = true;
@@ -247,7 +259,7 @@ fn start_filling(flight: &mut InFlight, d: Directive, scratch: Vec<u8>) {
         action,
         effects,
         swallow_first,
-        parses,
+        confirms,
     } = d;
     if let Action::Capture(capture) = action {
         flight.filling = Some(Filling::new(capture, scratch));
@@ -257,7 +269,7 @@ fn start_filling(flight: &mut InFlight, d: Directive, scratch: Vec<u8>) {
         action: Action::Forward,
         effects,
         swallow_first,
-        parses,
+        confirms,
     });
 }
 

@@ -3,7 +3,7 @@
 //! the server, and so here), and the scratch buffers the hit path reuses so that it allocates
 //! nothing.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -23,9 +23,10 @@ pub struct Statement {
     /// Its plan, the context id and plan epoch it was made in, and whether the text holds a
     /// time literal.
     pub plan: Option<(u64, u64, Arc<Plan>, bool)>,
-    /// The server answered its Parse with ParseComplete. Until then it is not answered from
-    /// the cache: a refused Parse leaves no statement (or the previous one) on the server.
-    pub confirmed: Arc<AtomicBool>,
+    /// When the server last accepted it (see [`Confirmed`]). Until its ParseComplete it is
+    /// not answered from the cache: a refused Parse leaves no statement (or the previous one)
+    /// on the server.
+    pub confirmed: Confirmed,
     /// It replaced a statement of the same name and another text. PostgreSQL refuses such a
     /// Parse (42P05) unless it dropped the old statement in a way pgmemo did not see (a
     /// `DEALLOCATE` run by a `DO` block): until its ParseComplete tells which, the name may
@@ -33,10 +34,64 @@ pub struct Statement {
     pub replaced: bool,
 }
 
+/// When the server last accepted a statement: 0 until the ParseComplete of its latest Parse,
+/// then 1 + the plans epoch (`DatabaseCache::plans_epoch`) when the accepted Parse, or the
+/// latest accepted Bind of it, was sent. DDL bumps the epoch and may have changed the
+/// statement's result type, which PostgreSQL refuses at its next Bind ("cached plan must not
+/// change result type"): only a statement the server accepted since the last bump is answered
+/// from the cache (entries stored before that DDL are gone, so those left have today's type).
+pub type Confirmed = Arc<AtomicU64>;
+
+/// A Parse or Bind sent to the server whose completion confirms a statement.
+pub struct Confirmation {
+    flag: Confirmed,
+    epoch: u64,
+}
+
+impl Confirmation {
+    /// For a message sent now, in plans epoch `epoch`.
+    pub fn new(flag: &Confirmed, epoch: u64) -> Confirmation {
+        Confirmation {
+            flag: Arc::clone(flag),
+            epoch,
+        }
+    }
+
+    /// The server completed the message.
+    pub fn confirm(&self) {
+        self.flag.fetch_max(self.epoch + 1, Ordering::Relaxed);
+    }
+}
+
+/// The confirmations a request carries, in the order of the messages: the n-th ParseComplete
+/// (BindComplete) of its response completes the n-th Parse (Bind).
+#[derive(Default)]
+pub struct Confirmations {
+    pub parses: Vec<Confirmation>,
+    pub binds: Vec<Confirmation>,
+}
+
+impl Confirmations {
+    pub fn is_empty(&self) -> bool {
+        self.parses.is_empty() && self.binds.is_empty()
+    }
+
+    /// Appends a later request's.
+    pub fn extend(&mut self, other: Confirmations) {
+        self.parses.extend(other.parses);
+        self.binds.extend(other.binds);
+    }
+}
+
 impl Statement {
     /// Whether the server may hold another statement under this name (see `replaced`).
     pub fn in_doubt(&self) -> bool {
-        self.replaced && !self.confirmed.load(Ordering::Relaxed)
+        self.replaced && self.confirmed.load(Ordering::Relaxed) == 0
+    }
+
+    /// Whether the server accepted it in plans epoch `epoch` (see [`Confirmed`]).
+    pub fn confirmed_in(&self, epoch: u64) -> bool {
+        self.confirmed.load(Ordering::Relaxed) == epoch + 1
     }
 
     /// Whether a Parse of `text` and `param_types` is of this statement.
@@ -105,13 +160,13 @@ impl CacheSession {
 
     /// Records a Parse: `name` now means `text` with these parameter types. Returns the flag
     /// that the Parse's ParseComplete sets.
-    pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) -> Arc<AtomicBool> {
+    pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) -> Confirmed {
         // The same statement parsed again (drivers parse the unnamed statement for every
         // query): kept with its plan, to be confirmed again.
         let mut replaced = false;
         if let Some(st) = self.statements.get(&name[..]) {
             if st.is(text, param_types) {
-                st.confirmed.store(false, Ordering::Relaxed);
+                st.confirmed.store(0, Ordering::Relaxed);
                 return Arc::clone(&st.confirmed);
             }
             replaced = !name.is_empty();
@@ -120,7 +175,7 @@ impl CacheSession {
         identity.extend_from_slice(&(text.len() as u32).to_le_bytes());
         identity.extend_from_slice(text);
         identity.extend_from_slice(param_types);
-        let confirmed = Arc::new(AtomicBool::new(false));
+        let confirmed = Confirmed::default();
         self.statements.insert(
             name,
             Statement {
