@@ -452,6 +452,39 @@ async fn a_write_first_seen_in_a_block_is_planned_after_it_and_then_invalidates_
     .await;
 }
 
+/// A read first seen inside a block is planned without the catalog: the relation it reads
+/// may be a view whose volatile function writes, so it counts as writing anything until it
+/// is planned.
+#[tokio::test]
+async fn a_read_first_seen_in_a_block_may_write_through_a_view() {
+    within(DEADLINE, async {
+        let (pg, memo, _direct) = setup(1).await;
+        pg.psql(
+            "CREATE TABLE audit (n int);
+             CREATE FUNCTION note() RETURNS int VOLATILE LANGUAGE plpgsql
+               AS $$BEGIN INSERT INTO audit VALUES (1); RETURN 1; END$$;
+             CREATE VIEW noting AS SELECT note() AS n;",
+        )
+        .await;
+        let c = memo.client("postgres", "postgres").await;
+        let count = "SELECT count(*) FROM audit";
+        assert_eq!(first(&c, count).await.as_deref(), Some("0"));
+        assert_eq!(first(&c, count).await.as_deref(), Some("0"));
+        c.batch_execute("BEGIN").await.unwrap();
+        assert_eq!(
+            first(&c, "SELECT n FROM noting").await.as_deref(),
+            Some("1")
+        );
+        c.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            first(&c, count).await.as_deref(),
+            Some("1"),
+            "after the commit"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_refused_parse_of_a_name_in_use_keeps_the_old_statement() {
     let (_pg, memo, _direct) = setup(2).await;

@@ -496,6 +496,17 @@ fn statement_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
         e.settings = true;
         e.hidden_settings = true;
     }
+    // Without the catalog, any relation read may be a view calling a volatile function, and
+    // an operator, cast or attribute may run a volatile user-defined function: such a
+    // statement may write anything until it is planned with the catalog.
+    if inputs.facts.is_none()
+        && (!s.reads.is_empty()
+            || !s.operators.is_empty()
+            || !s.casts.is_empty()
+            || !s.attributes.is_empty())
+    {
+        e.database_wide = true;
+    }
     // So may a volatile (or unresolvable) function a view calls: reading the view runs it.
     if matches!(inputs.view_function_volatility, Some(b'v' | b'?')) {
         e.database_wide = true;

@@ -773,7 +773,8 @@ impl Requests<'_> {
 
     /// Effects of executing a portal whose statement has no plan yet (a statement's first
     /// execution on this connection): the memoized plan's when the memo knows the shape, none
-    /// when parsing its text shows plain SELECTs without function calls, else assumed to write
+    /// when parsing its text shows SELECTs that read no relation (which may be a view calling
+    /// a volatile function) and call no function, operator or cast, else assumed to write
     /// anything.
     fn effects_without_catalog(&self, portal: &[u8], pump: &Pump) -> Effects {
         let text = pump
@@ -789,6 +790,10 @@ impl Requests<'_> {
                 let only_reads = a.statements.iter().all(|s| {
                     matches!(s.kind, sql::StatementKind::Select)
                         && s.functions.is_empty()
+                        && s.reads.is_empty()
+                        && s.operators.is_empty()
+                        && s.casts.is_empty()
+                        && s.attributes.is_empty()
                         && !s.select_into
                         && !s.data_modifying_cte
                 });
