@@ -413,6 +413,51 @@ async fn message_longer_than_max_message_size() {
     .await
 }
 
+/// A CopyDone sent outside COPY is ignored by the server, and must not make pgmemo take a
+/// request still running for answered: the server would go back to the pool with that
+/// answer (and the reset's) still to come, and the next client would read them.
+#[tokio::test]
+async fn a_stray_copy_done_does_not_hand_a_busy_server_to_the_next_client() {
+    within(TEST_DEADLINE, async {
+        let pg = pgmemo_with(|c| {
+            c.pool_size = 1;
+            c.cache = pgmemo::config::Switch::Off;
+        })
+        .await;
+        for _ in 0..3 {
+            let mut raw = Raw::login(pg.addr()).await;
+            let batch = |sql: &str| {
+                [
+                    raw::parse(sql, &[]),
+                    raw::bind(&[]),
+                    raw::execute(),
+                    raw::sync(),
+                    raw::copy_done(),
+                ]
+                .concat()
+            };
+            // A large answer, so that what follows it arrives in the same reads.
+            raw.send(&batch(
+                "SELECT repeat('x', 200000) FROM generate_series(1, 2)",
+            ))
+            .await;
+            raw.send(&batch("SELECT 'forged'::text")).await;
+            drop(raw);
+            let c = pg.client(USER, DB).await;
+            let row = c.query_one("SELECT 42::int", &[]).await.unwrap();
+            assert_eq!(row.get::<_, i32>(0), 42);
+            assert_eq!(
+                c.query_one("SELECT 'next'::text", &[])
+                    .await
+                    .unwrap()
+                    .get::<_, String>(0),
+                "next"
+            );
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn truncated_message_then_disconnect_does_not_leak_the_server_connection() {
     within(TEST_DEADLINE, async {

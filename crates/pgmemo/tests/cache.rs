@@ -1469,6 +1469,39 @@ async fn a_statement_prepared_before_its_row_type_changed_is_not_served_new_rows
     assert_eq!(rows[0].get::<_, i32>(0), 7, "a hit again");
 }
 
+/// pgx's CopyFrom: a Describe batch, then COPY through a simple Query. The batch's Sync must
+/// not count as one the COPY ignores: requests and answers stay matched, so writes after it
+/// still invalidate and reads are still cached.
+#[tokio::test]
+async fn a_simple_query_copy_after_an_extended_batch_keeps_requests_and_answers_matched() {
+    let (_pg, memo, direct) = setup().await;
+    let mut r = raw::Raw::connect(memo.addr()).await;
+    r.round_trip(&[
+        raw::parse("SELECT id, v FROM t", &[]),
+        raw::describe_statement(),
+        raw::sync(),
+    ])
+    .await;
+    let (tags, _) = r
+        .exchange(&[raw::query("COPY t (id, v) FROM STDIN")], 1)
+        .await;
+    assert_eq!(tags, ['G']);
+    let (tags, _) = r
+        .round_trip(&[raw::copy_data(b"10\tten\n"), raw::copy_done()])
+        .await;
+    assert_eq!(tags, ['C', 'Z']);
+    let q = "SELECT v FROM t WHERE id = 10";
+    for _ in 0..2 {
+        assert_eq!(r.round_trip(&[raw::query(q)]).await.1, ["ten"]);
+    }
+    r.round_trip(&[raw::query("UPDATE t SET v = 'TEN' WHERE id = 10")])
+        .await;
+    let other = memo.client("postgres", "postgres").await;
+    assert_eq!(first(&other, q).await.as_deref(), Some("TEN"));
+    assert_eq!(first(&direct, q).await.as_deref(), Some("TEN"));
+    assert_eq!(r.round_trip(&[raw::query(q)]).await.1, ["TEN"]);
+}
+
 /// `TRUNCATE ... CASCADE` also empties the tables whose foreign keys reach the named one,
 /// whatever their ON DELETE action.
 #[tokio::test]

@@ -49,6 +49,10 @@ pub(crate) struct RelayState {
     pub(crate) client_mid_message: AtomicBool,
     pub(crate) status: AtomicU8,
     pub(crate) server_fatal: AtomicBool,
+    /// The server sent CopyInResponse: it is in copy-in mode until the client's CopyDone or
+    /// CopyFail, and ignores Syncs meanwhile. A CopyDone or CopyFail outside it is ignored by
+    /// the server and must not change what the pumps expect.
+    pub(crate) copy_in: AtomicBool,
     pub(crate) watch_idle: AtomicBool,
     pub(crate) idle: Notify,
 }
@@ -61,6 +65,7 @@ impl RelayState {
             client_mid_message: AtomicBool::new(false),
             status: AtomicU8::new(status.as_byte()),
             server_fatal: AtomicBool::new(false),
+            copy_in: AtomicBool::new(false),
             watch_idle: AtomicBool::new(false),
             idle: Notify::new(),
         }
@@ -240,11 +245,13 @@ where
                         }
                         b'c' | b'f' => {
                             let ignored = std::mem::take(&mut syncs_since_request);
-                            let _ = st.pending.fetch_update(
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                                |p| Some(p.saturating_sub(ignored)),
-                            );
+                            if st.copy_in.swap(false, Ordering::Relaxed) {
+                                let _ = st.pending.fetch_update(
+                                    Ordering::Relaxed,
+                                    Ordering::Relaxed,
+                                    |p| Some(p.saturating_sub(ignored)),
+                                );
+                            }
                             Verdict::Forward
                         }
                         b'P' | b'B' | b'D' | b'E' | b'C' => {
@@ -312,6 +319,7 @@ where
                             {
                                 st.server_fatal.store(true, Ordering::Relaxed);
                             }
+                            (b'G', _) => st.copy_in.store(true, Ordering::Relaxed),
                             _ => {}
                         }
                         Verdict::Forward

@@ -79,7 +79,8 @@ impl Lease {
                     // Rare (idle longer than server_check_delay): boxed, so that the
                     // query's future is not part of every checkout's.
                     || Box::pin(check(&mut conn, settings)).await);
-            if healthy && conn.status == TransactionStatus::Idle {
+            // Bytes left unread (see `release`) would be the next client's first answer.
+            if healthy && conn.status == TransactionStatus::Idle && conn.read_buf.is_empty() {
                 conn.set_state(super::ServerState::Active, now);
                 return Some(conn);
             }
@@ -238,7 +239,11 @@ async fn reset(
         Ok::<_, super::ServerError>(())
     };
     match tokio::time::timeout(timeout, work).await {
-        Ok(Ok(())) if conn.status == TransactionStatus::Idle => Some(conn),
+        // More after the reset's own ReadyForQuery: the reset read someone else's answer as
+        // its own, and what it left would reach the next client.
+        Ok(Ok(())) if conn.status == TransactionStatus::Idle && conn.read_buf.is_empty() => {
+            Some(conn)
+        }
         outcome => {
             tracing::warn!(?outcome, "server reset failed; closing the connection");
             conn.close().await;

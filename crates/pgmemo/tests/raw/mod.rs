@@ -98,6 +98,14 @@ pub fn flush() -> Vec<u8> {
     msg(b'H', b"")
 }
 
+pub fn copy_data(data: &[u8]) -> Vec<u8> {
+    msg(b'd', data)
+}
+
+pub fn copy_done() -> Vec<u8> {
+    msg(b'c', b"")
+}
+
 impl Raw {
     pub async fn connect(addr: std::net::SocketAddr) -> Raw {
         let mut stream = TcpStream::connect(addr).await.unwrap();

@@ -147,6 +147,7 @@ impl Requests<'_> {
         match tag {
             b'X' => return Ok(Step::Terminate),
             b'Q' => {
+                pump.syncs_since_request = 0;
                 let frame = self.buf.split_to(len).freeze();
                 self.query(frame, client, server).await?;
             }
@@ -202,8 +203,12 @@ impl Requests<'_> {
             }
             b'c' | b'f' => {
                 // The server ignores Sync in copy-in mode: the Syncs sent since the COPY's
-                // Execute get no ReadyForQuery.
-                let ignored = std::mem::take(&mut pump.syncs_since_request);
+                // Execute get no ReadyForQuery. Outside copy-in mode the server ignores the
+                // CopyDone or CopyFail itself, and the Syncs are answered.
+                let mut ignored = std::mem::take(&mut pump.syncs_since_request);
+                if !self.st.copy_in.swap(false, Ordering::Relaxed) {
+                    ignored = 0;
+                }
                 let left = self
                     .st
                     .pending

@@ -190,6 +190,7 @@ where
                         }
                     }
                     b'S' => link.context_stale.store(true, Ordering::Relaxed),
+                    b'G' => st.copy_in.store(true, Ordering::Relaxed),
                     b'C' if &frame[5..] == b"COMMIT\0" => flight.committed = true,
                     b'Z' => {
                         // Directives made for this request after its response had begun (its
