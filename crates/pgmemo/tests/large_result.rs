@@ -26,17 +26,54 @@ const MAX_GROWTH: u64 = 16 << 20;
 const MAX_PEAK: u64 = 48 << 20;
 
 async fn start_pgmemo() -> PgmemoProcess {
-    PgmemoProcess::spawn(
-        Path::new(env!("CARGO_BIN_EXE_pgmemo")),
-        &[
-            "--upstream".to_owned(),
-            format!("postgres://127.0.0.1:{}", LocalPostgres::PORT),
-            "--log-level".to_owned(),
-            "warn".to_owned(),
-        ],
-    )
-    .await
-    .expect("pgmemo binary starts")
+    start_pgmemo_with(&[]).await
+}
+
+async fn start_pgmemo_with(extra: &[&str]) -> PgmemoProcess {
+    let mut args = vec![
+        "--upstream".to_owned(),
+        format!("postgres://127.0.0.1:{}", LocalPostgres::PORT),
+        "--log-level".to_owned(),
+        "warn".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    PgmemoProcess::spawn(Path::new(env!("CARGO_BIN_EXE_pgmemo")), &args)
+        .await
+        .expect("pgmemo binary starts")
+}
+
+/// An error quoting a huge input value (PostgreSQL's 22P02 repeats the whole value) streams
+/// through like a row instead of being held whole, with the cache on and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_error_message_streams_in_constant_memory() {
+    const VALUE: usize = 100 << 20;
+    for cache in ["on", "off"] {
+        let pgmemo = start_pgmemo_with(&["--cache", cache]).await;
+        let client = pgmemo.client("postgres", "test").await;
+        let baseline = pgmemo.rss_bytes().expect("pgmemo runs");
+        let e = client
+            .simple_query(&format!("SELECT repeat('x', {VALUE})::int"))
+            .await
+            .expect_err("not an integer");
+        let db = e.as_db_error().expect("the server's error");
+        assert_eq!(db.code().code(), "22P02");
+        assert!(db.message().len() > VALUE, "the whole message arrives");
+        assert_eq!(
+            client.simple_query("SELECT 1").await.unwrap().len(),
+            3,
+            "the session goes on"
+        );
+        let growth = pgmemo
+            .peak_rss_bytes()
+            .expect("pgmemo runs")
+            .saturating_sub(baseline);
+        assert!(
+            growth < MAX_GROWTH,
+            "cache {cache}: pgmemo's peak RSS grew by {:.1} MiB for a {:.0} MiB error",
+            mb(growth),
+            mb(VALUE as u64)
+        );
+    }
 }
 
 fn mb(bytes: u64) -> f64 {

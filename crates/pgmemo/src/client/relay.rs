@@ -24,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const READ_CHUNK: usize = 32 * 1024;
 /// Largest message a server may send that pgmemo itself must parse (errors, status).
 pub(crate) const MAX_SERVER_FRAME: usize = 1 << 30;
+/// Largest ErrorResponse read whole to see whether it is FATAL. A longer one (an error quoting
+/// a huge input value) streams through like a row: a FATAL is never that long, and holding it
+/// whole would take as much memory as the value.
+pub(crate) const MAX_WHOLE_ERROR: usize = 64 * 1024;
 
 /// How a relay ended.
 #[derive(Debug)]
@@ -229,7 +233,7 @@ where
                 .scan(
                     buf,
                     max_message,
-                    |_| false,
+                    |_, _| false,
                     |tag, _| match tag {
                         b'X' => Verdict::StopBefore,
                         b'Q' | b'F' => {
@@ -305,7 +309,7 @@ where
                 .scan(
                     buf,
                     MAX_SERVER_FRAME,
-                    |t| t == b'Z' || t == b'E',
+                    |t, len| t == b'Z' || (t == b'E' && len <= MAX_WHOLE_ERROR),
                     |tag, frame| {
                         match (tag, frame) {
                             (b'Z', Some(f)) if f.len() == 6 => {

@@ -36,13 +36,13 @@ impl Scanner {
     }
 
     /// Scans `buf` (bytes not yet forwarded). For every message that starts in it, `visit` gets
-    /// the type byte and, when `whole(tag)` holds, the complete frame (the scan waits for the
-    /// rest of such a message before going on); otherwise `None`.
+    /// the type byte and, when `whole(tag, frame_len)` holds, the complete frame (the scan
+    /// waits for the rest of such a message before going on); otherwise `None`.
     pub fn scan(
         &mut self,
         buf: &[u8],
         max_frame: usize,
-        whole: impl Fn(u8) -> bool,
+        whole: impl Fn(u8, usize) -> bool,
         mut visit: impl FnMut(u8, Option<&[u8]>) -> Verdict,
     ) -> Result<Scanned, WireError> {
         let mut pos = 0;
@@ -65,7 +65,7 @@ impl Scanner {
                 });
             };
             let available = buf.len() - pos;
-            let need_whole = whole(header.tag);
+            let need_whole = whole(header.tag, header.frame_len);
             if need_whole && available < header.frame_len {
                 return Ok(Scanned {
                     forward: pos,
@@ -111,7 +111,7 @@ mod tests {
             .scan(
                 &data[..7],
                 1024,
-                |t| t == b'Z',
+                |t, _| t == b'Z',
                 |t, _| {
                     seen.push(t);
                     Verdict::Forward
@@ -125,7 +125,7 @@ mod tests {
             .scan(
                 &data[7..12],
                 1024,
-                |t| t == b'Z',
+                |t, _| t == b'Z',
                 |t, _| {
                     seen.push(t);
                     Verdict::Forward
@@ -137,7 +137,7 @@ mod tests {
             .scan(
                 &data[9..],
                 1024,
-                |t| t == b'Z',
+                |t, _| t == b'Z',
                 |t, f| {
                     seen.push(t);
                     if t == b'Z' {
@@ -165,7 +165,7 @@ mod tests {
     fn rejects_oversized_length() {
         let mut s = Scanner::default();
         let err = s
-            .scan(b"Q\x10\0\0\0", 1024, |_| false, |_, _| Verdict::Forward)
+            .scan(b"Q\x10\0\0\0", 1024, |_, _| false, |_, _| Verdict::Forward)
             .unwrap_err();
         assert!(matches!(err, WireError::TooLarge { .. }));
     }
@@ -177,14 +177,14 @@ mod tests {
             let split = split.min(data.len());
             let mut whole_seen = Vec::new();
             let mut s = Scanner::default();
-            s.scan(&data, 1024, |_| false, |t, _| { whole_seen.push(t); Verdict::Forward }).unwrap();
+            s.scan(&data, 1024, |_, _| false, |t, _| { whole_seen.push(t); Verdict::Forward }).unwrap();
             let mut seen = Vec::new();
             let mut s = Scanner::default();
             let mut buf = data[..split].to_vec();
-            let r = s.scan(&buf, 1024, |_| false, |t, _| { seen.push(t); Verdict::Forward }).unwrap();
+            let r = s.scan(&buf, 1024, |_, _| false, |t, _| { seen.push(t); Verdict::Forward }).unwrap();
             buf.drain(..r.forward);
             buf.extend_from_slice(&data[split..]);
-            s.scan(&buf, 1024, |_| false, |t, _| { seen.push(t); Verdict::Forward }).unwrap();
+            s.scan(&buf, 1024, |_, _| false, |t, _| { seen.push(t); Verdict::Forward }).unwrap();
             proptest::prop_assert_eq!(seen, whole_seen);
         }
     }

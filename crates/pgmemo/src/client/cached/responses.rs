@@ -17,7 +17,9 @@ use crate::cache::capture::Filling;
 use crate::cache::catalog::Row;
 use crate::cache::plan::{Effects, Refusal};
 use crate::cache::DatabaseCache;
-use crate::client::relay::{refill_position, PumpError, RelayState, MAX_SERVER_FRAME};
+use crate::client::relay::{
+    refill_position, PumpError, RelayState, MAX_SERVER_FRAME, MAX_WHOLE_ERROR,
+};
 use crate::shared::Shared;
 
 /// What the pump tracks about the response in flight.
@@ -109,7 +111,13 @@ where
                         .directive
                         .as_ref()
                         .is_some_and(|d| d.swallow_first == Some(tag));
-                let need_whole = tag == b'Z' || tag == b'E' || internal || capturing || swallow;
+                // An error too long to read whole (see MAX_WHOLE_ERROR) still fails the request.
+                let long_error = tag == b'E' && len > MAX_WHOLE_ERROR;
+                if long_error {
+                    flight.error = true;
+                }
+                let need_whole =
+                    tag == b'Z' || (tag == b'E' && !long_error) || internal || capturing || swallow;
                 let available = buf.len() - pos;
                 if available < len {
                     if need_whole {
