@@ -1502,6 +1502,42 @@ async fn a_simple_query_copy_after_an_extended_batch_keeps_requests_and_answers_
     assert_eq!(r.round_trip(&[raw::query(q)]).await.1, ["TEN"]);
 }
 
+/// A client that leaves while its write runs: the server still commits it, with nobody
+/// there to see its answer. The cache is invalidated at once and again once the server has
+/// ended the write, so reads stored while it ran do not outlive it.
+#[tokio::test]
+async fn a_write_its_client_left_running_still_invalidates() {
+    let (_pg, memo, direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    let write = "UPDATE t SET v = 'left' WHERE id = 1 AND pg_sleep(1) IS NOT NULL";
+    let mut r = raw::Raw::connect(memo.addr()).await;
+    r.exchange(&[raw::query(write)], 0).await;
+    testkit::assert_eventually(std::time::Duration::from_secs(10), "the write runs", || {
+        testkit::query_running(&direct, write)
+    })
+    .await;
+    drop(r);
+    // While it runs, reads store the old value again.
+    for _ in 0..2 {
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    }
+    testkit::assert_eventually(
+        std::time::Duration::from_secs(10),
+        "the write committed",
+        || async { first(&direct, q).await.as_deref() == Some("left") },
+    )
+    .await;
+    testkit::assert_eventually(
+        std::time::Duration::from_secs(10),
+        "pgmemo serves it",
+        || async { first(&c, q).await.as_deref() == Some("left") },
+    )
+    .await;
+}
+
 /// `TRUNCATE ... CASCADE` also empties the tables whose foreign keys reach the named one,
 /// whatever their ON DELETE action.
 #[tokio::test]

@@ -730,6 +730,40 @@ async fn a_write_batched_after_a_rollback_invalidates() {
     .await;
 }
 
+/// A client that leaves while its autocommit write runs: the server still commits it. The
+/// cache is invalidated at once and again once the server has ended the write, so reads
+/// stored while it ran do not outlive it.
+#[tokio::test]
+async fn a_write_its_client_left_running_still_invalidates() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = setup(2).await;
+        let c = memo.client("postgres", "postgres").await;
+        let q = "SELECT v FROM t WHERE id = 1";
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+        let write = "UPDATE t SET v = 'left' WHERE id = 1 AND pg_sleep(1) IS NOT NULL";
+        let mut r = raw::Raw::connect(memo.addr()).await;
+        r.exchange(&[raw::query(write)], 0).await;
+        testkit::assert_eventually(Duration::from_secs(10), "the write runs", || {
+            testkit::query_running(&direct, write)
+        })
+        .await;
+        drop(r);
+        for _ in 0..2 {
+            assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+        }
+        testkit::assert_eventually(Duration::from_secs(10), "the write committed", || async {
+            first(&direct, q).await.as_deref() == Some("left")
+        })
+        .await;
+        testkit::assert_eventually(Duration::from_secs(10), "pgmemo serves it", || async {
+            first(&c, q).await.as_deref() == Some("left")
+        })
+        .await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
     within(DEADLINE, async {

@@ -136,12 +136,20 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
 
     let max_message = shared.config().max_message_size.0;
     let caching = shared.config().cache_on_for(&route.client_database);
+    // The database whose cache must be invalidated once the server has ended a write the
+    // client left unanswered.
+    let mut after_running = None;
     let (end, state) = if caching {
         let db = shared
             .cache
             .database(&route.key.host, route.key.port, &route.key.database);
         let mut session = super::cached::CacheSession::new(db, &route.client_database);
-        super::cached::run(&mut client, &mut server, &shared, max_message, &mut session).await
+        let ended =
+            super::cached::run(&mut client, &mut server, &shared, max_message, &mut session).await;
+        if session.writes_unanswered {
+            after_running = Some(Arc::clone(&session.db));
+        }
+        ended
     } else {
         let _untracked =
             shared
@@ -158,6 +166,13 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
     // must not hold it.
     match &end {
         End::ServerGone { .. } => lease.discard(server),
+        _ if after_running.is_some() => {
+            Stats::bump(&shared.stats.servers_closed_dirty);
+            let (shared, db) = (Arc::clone(&shared), after_running.take().expect("checked"));
+            lease.discard_after_running(server, UNANSWERED_WRITE_LIMIT, move || {
+                super::cached::invalidate_everything(&shared, &db);
+            });
+        }
         _ => {
             if let End::ClientGone(Some(e)) = &end {
                 tracing::debug!(%peer, error = %e, "client connection failed");
@@ -191,6 +206,11 @@ async fn tell_why_session_ends(client: &mut ClientConn, end: &End, shared: &Shar
 /// How long a session's last words to its client may take (a client that does not read
 /// must not hold the session, nor a server when there still is one).
 pub(super) const FAREWELL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long pgmemo waits for a server to end a write its client left unanswered before it
+/// closes the connection anyway (and invalidates again, without knowing whether the write
+/// committed yet).
+pub(super) const UNANSWERED_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn farewell(client: &mut ClientConn, end: &End, shared: &Shared) {
     match end {

@@ -188,6 +188,22 @@ impl Lease {
         self.discard_counted();
         tokio::spawn(conn.close());
     }
+
+    /// Closes a connection that may still be running a client's statement once it has ended
+    /// (see `ServerConn::close_after_running`), then runs `after`: what the statement may
+    /// have committed is known to be visible only then.
+    pub fn discard_after_running(
+        mut self,
+        conn: Box<ServerConn>,
+        limit: std::time::Duration,
+        after: impl FnOnce() + Send + 'static,
+    ) {
+        self.discard_counted();
+        tokio::spawn(async move {
+            conn.close_after_running(limit).await;
+            after();
+        });
+    }
 }
 
 impl Drop for Lease {

@@ -411,6 +411,28 @@ impl ServerConn {
     }
 
     /// Sends Terminate and closes, ignoring errors: the connection is being discarded.
+    /// Ends the connection after whatever it is still running: Terminate is queued behind
+    /// it, and the server's answers are read and dropped until it closes (or `limit`
+    /// passes). When this returns, a statement that was running has committed or never will
+    /// (unless the limit passed first).
+    pub async fn close_after_running(mut self, limit: std::time::Duration) {
+        let drained = async {
+            self.stream.write_all(&frontend::terminate()).await?;
+            self.stream.flush().await?;
+            let mut sink = vec![0u8; 32 * 1024];
+            while self.stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        };
+        if tokio::time::timeout(limit, drained).await.is_err() {
+            tracing::warn!(
+                ?limit,
+                "a server still running a statement was closed before it ended"
+            );
+        }
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_secs(1), self.stream.shutdown()).await;
+    }
+
     pub async fn close(mut self) {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
             let _ = self.stream.write_all(&frontend::terminate()).await;

@@ -236,7 +236,25 @@ pub async fn run(
         }
     };
     server.status = st.status();
+    // Requests that may write were unanswered when the relay ended (the client left, the
+    // server failed): they may commit yet, and the server pump, which applies a request's
+    // effects when its answer arrives, is gone. Everything of the database goes now, and
+    // again once the server has ended them (see `session`).
+    if link.last_non_inert.load(Ordering::Relaxed) > link.answered.load(Ordering::Relaxed) {
+        invalidate_everything(shared, &session.db);
+        session.writes_unanswered = true;
+    }
     (end, st.release_state())
+}
+
+/// Invalidates every result and plan of `db`: writes of unknown extent may have committed.
+pub fn invalidate_everything(shared: &Shared, db: &crate::cache::DatabaseCache) {
+    let all = Effects {
+        database_wide: true,
+        ddl: true,
+        ..Effects::default()
+    };
+    crate::invalidate::proxy::apply_commit(&all, shared, db);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -219,6 +219,10 @@ impl Requests<'_> {
                     ignored.min(self.link.sent.load(Ordering::Relaxed)),
                     Ordering::Relaxed,
                 );
+                // The ignored Syncs' requests are no longer expected either.
+                self.link
+                    .last_non_inert
+                    .fetch_min(self.link.sent.load(Ordering::Relaxed), Ordering::Relaxed);
                 let frame = self.buf.split_to(len).freeze();
                 send(server, &frame).await?;
             }

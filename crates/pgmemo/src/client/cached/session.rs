@@ -127,6 +127,9 @@ pub struct CacheSession {
     pub memo_key: Vec<u8>,
     /// Reused for hit responses.
     pub out: Vec<u8>,
+    /// The relay ended with a request that may write unanswered (see `cached::run`): the
+    /// server may still commit it.
+    pub writes_unanswered: bool,
 }
 
 impl CacheSession {
@@ -139,6 +142,7 @@ impl CacheSession {
             context: None,
             statements: Map::default(),
             enabled: true,
+            writes_unanswered: false,
             unnamed_behind: None,
             bypass_until_lsn: 0,
             key: Vec::with_capacity(256),

@@ -309,8 +309,17 @@ pub async fn run(
                 checkout.top_up(shared, route);
             }
             Attached::Ended(end) => {
-                if let Some(cache) = cache.as_mut() {
-                    cache.abandoned();
+                let after_running = cache.as_mut().and_then(|cache| cache.abandoned());
+                if let (Some((shared, db)), false) = (after_running, at_boundary) {
+                    if !matches!(end, End::ServerGone { .. }) {
+                        Stats::bump(&shared.stats.servers_closed_dirty);
+                        lease.discard_after_running(
+                            server,
+                            super::session::UNANSWERED_WRITE_LIMIT,
+                            move || super::cached::invalidate_everything(&shared, &db),
+                        );
+                        return end;
+                    }
                 }
                 finish(
                     lease,
@@ -647,6 +656,13 @@ async fn serve_attached(
     };
     let mut link = link.into_inner().unwrap_or_else(|e| e.into_inner());
     let at_boundary = link.owes_nothing() && !link.mid_batch;
+    // Requests whose answers never began: their effects were to count on arrival.
+    let Link { cache, queue, .. } = &mut link;
+    if let Some(cache) = cache.as_deref_mut() {
+        for effects in queue.iter_mut().filter_map(|e| e.effects.take()) {
+            cache.unanswered(&effects);
+        }
+    }
     link.queue.clear();
     link.batch.clear();
     buffers.queue = std::mem::take(&mut link.queue);

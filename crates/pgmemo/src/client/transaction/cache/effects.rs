@@ -5,6 +5,9 @@
 
 use std::sync::Arc;
 
+use crate::cache::DatabaseCache;
+use crate::shared::Shared;
+
 use bytes::Bytes;
 use wire::backend::TransactionStatus;
 
@@ -361,11 +364,22 @@ impl TxnCache {
         }
     }
 
+    /// A request was sent but its answer never came (the client left, the server failed):
+    /// the server may still run and commit it, so its effects count as the transaction's.
+    pub fn unanswered(&mut self, effects: &Effects) {
+        self.txn.merge(effects);
+        self.writes_unanswered |= effects.writes_data() || effects.ddl;
+    }
+
     /// The attachment ended without the client seeing the end of its transaction (it left,
-    /// the server failed): whatever it may have committed goes from the cache.
-    pub fn abandoned(&mut self) {
+    /// the server failed): whatever it may have committed goes from the cache. Returns what
+    /// to invalidate again once the server has ended a write still running (see
+    /// `Lease::discard_after_running`), if one may be.
+    pub fn abandoned(&mut self) -> Option<(Arc<Shared>, Arc<DatabaseCache>)> {
         self.fills.clear();
         self.committed();
+        std::mem::take(&mut self.writes_unanswered)
+            .then(|| (Arc::clone(&self.shared), Arc::clone(&self.db)))
     }
 }
 

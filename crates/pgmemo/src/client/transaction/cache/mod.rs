@@ -107,6 +107,9 @@ pub struct TxnCache {
     rollback_request: Option<Effects>,
     /// The last ReadyForQuery said a transaction block was open.
     in_block: bool,
+    /// The attachment ended with a request that may write unanswered (see
+    /// [`TxnCache::unanswered`]).
+    writes_unanswered: bool,
     /// Statements run while attached whose plans were made without the catalog.
     unplanned: Vec<String>,
     /// The fill this client leads (single flight), taken before its server.
@@ -203,6 +206,7 @@ impl TxnCache {
             rollback_seen: false,
             rollback_request: None,
             in_block: false,
+            writes_unanswered: false,
             unplanned: Vec::new(),
             leading: None,
             planned: None,
