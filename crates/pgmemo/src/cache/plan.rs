@@ -151,6 +151,11 @@ pub struct Plan {
     pub complete: bool,
     /// Prepared statement names the statement creates or drops.
     pub statements: Vec<StatementChange>,
+    /// The plans epoch (`DatabaseCache::plans_epoch`) it was made in. DDL bumps it, and may
+    /// have changed what the statement reads (a new partition, a table dropped and created
+    /// again): a result is captured under this plan only if the epoch is still the same once
+    /// the capture's generation snapshot is taken.
+    pub epoch: u64,
 }
 
 /// A change to the session's prepared statements made by SQL.
@@ -312,6 +317,7 @@ pub fn decide(statements: &[StatementInfo], inputs: &Inputs<'_>, query: Arc<Quer
         effects,
         complete,
         statements: statement_changes(statements),
+        epoch: 0,
     }
 }
 
@@ -329,6 +335,7 @@ pub fn unparsable(query: Arc<QueryStats>) -> Plan {
         },
         complete: true,
         statements: vec![StatementChange::ForgetAll],
+        epoch: 0,
     }
 }
 

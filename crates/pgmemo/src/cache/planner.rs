@@ -129,6 +129,7 @@ pub async fn plan<C: Catalog>(
         excluded: &excluded,
     };
     let mut decided = plan::decide(&analysis.statements, &inputs, query);
+    decided.epoch = p.epoch;
     if let Ok(read) = decided.read.as_mut() {
         p.db.generations.attach(read);
     }

@@ -614,13 +614,15 @@ impl Requests<'_> {
             cache.stats.missed(&plan.query);
             return None;
         }
-        Some(Capture::for_read(
+        let capture = Capture::for_read(
             &self.session.key,
             read,
             &plan.query,
             &self.session.db,
             config,
-        ))
+        );
+        // DDL since the plan was made (its invalidation may already be behind the snapshot).
+        (self.session.db.plans_epoch() == plan.epoch).then_some(capture)
     }
 
     /// Leads the fill of the capture's key, or waits for the session already filling it and

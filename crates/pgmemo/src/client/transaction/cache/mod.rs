@@ -456,6 +456,10 @@ impl TxnCache {
             return;
         }
         let mut capture = Capture::for_read(&self.key, read, &plan.query, &self.db, &self.config);
+        // DDL since the plan was made (its invalidation may already be behind the snapshot).
+        if self.db.plans_epoch() != plan.epoch {
+            return;
+        }
         capture.statement_formats = statement_formats;
         // A follower waits for this fill only if it comes later.
         capture.flight = leading.or_else(|| {
