@@ -859,3 +859,44 @@ async fn user_code_is_not_left_to_a_feed_that_carries_no_ddl() {
     assert_eq!(first(&other, q).await.as_deref(), Some("uno"), "stale view");
     memo.shutdown().await;
 }
+
+/// Without the DDL event trigger, a partition created elsewhere shows on the feed only with
+/// its first change (a Relation message for a relation new to the stream): the database is
+/// flushed at that commit, so a cached read of the parent counts the new partition's rows.
+#[tokio::test]
+async fn a_partition_created_elsewhere_reaches_a_feed_that_carries_no_ddl() {
+    let pg = cluster().await;
+    pg.psql(
+        "CREATE ROLE feeder LOGIN REPLICATION; \
+         CREATE PUBLICATION pgmemo FOR ALL TABLES; \
+         CREATE TABLE p (id int) PARTITION BY RANGE (id); \
+         CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100); \
+         INSERT INTO p VALUES (1);",
+    )
+    .await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.upstream =
+        UpstreamUrl::parse(&format!("postgres://feeder@127.0.0.1:{}", pg.port())).expect("url");
+    config.invalidation = Invalidation::Replication;
+    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT count(*) FROM p";
+    assert_eq!(first(&c, q).await.as_deref(), Some("1"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("1"));
+    direct
+        .batch_execute(
+            "CREATE TABLE p2 PARTITION OF p FOR VALUES FROM (100) TO (200); \
+             INSERT INTO p VALUES (150)",
+        )
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(10),
+        "the new partition's row is counted",
+        || async { first(&c, q).await.as_deref() == Some("2") },
+    )
+    .await;
+    memo.shutdown().await;
+}

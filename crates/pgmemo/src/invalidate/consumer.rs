@@ -50,6 +50,8 @@ pub struct Consumer {
     ddl: bool,
     received: Lsn,
     applied: Lsn,
+    /// See [`Consumer::relations_mean_ddl`].
+    relations_mean_ddl: bool,
 }
 
 impl Consumer {
@@ -63,7 +65,20 @@ impl Consumer {
             ddl: false,
             received: start,
             applied: start,
+            relations_mean_ddl: false,
         }
+    }
+
+    /// Without the feed's DDL messages (no event trigger: the feed's role is no superuser),
+    /// Relation messages are the stream's only sign of DDL. pgoutput sends one before the
+    /// first change of a relation in the stream and again after its definition changed: a
+    /// relation new to the stream may be a partition just created or a table created again
+    /// (new OIDs that memoized plans and stored results do not know), one sent again was
+    /// altered. With `on`, each flushes the database and its plans at its transaction's
+    /// Commit, like a DDL message.
+    pub fn relations_mean_ddl(mut self, on: bool) -> Consumer {
+        self.relations_mean_ddl = on;
+        self
     }
 
     /// Furthest position received.
@@ -138,6 +153,13 @@ impl Consumer {
                     self.applied = end;
                 }
                 effect.applied = Some(self.applied);
+            }
+            LogicalMessage::Relation(_) if self.relations_mean_ddl => {
+                if self.in_transaction {
+                    self.ddl = true;
+                } else {
+                    effect.flush_database = true;
+                }
             }
             LogicalMessage::Message(m) if m.prefix.as_ref() == DDL_PREFIX => {
                 if self.in_transaction {
@@ -256,6 +278,29 @@ mod tests {
             .and_then(|_| c.on_message(xlog(commit(220), 220)))
             .unwrap();
         assert!(e.invalidate.is_empty(), "a new transaction starts empty");
+    }
+
+    #[test]
+    fn without_ddl_messages_a_relation_message_flushes_at_commit() {
+        let relation = || {
+            LogicalMessage::Relation(wire::replication::Relation {
+                oid: 16500,
+                namespace: Bytes::from_static(b"public"),
+                name: Bytes::from_static(b"p_2026"),
+                replica_identity: wire::replication::ReplicaIdentity::Default,
+                columns: Vec::new(),
+            })
+        };
+        for (watch, flush) in [(true, true), (false, false)] {
+            let mut c = Consumer::new(Lsn(100)).relations_mean_ddl(watch);
+            c.on_message(xlog(begin(), 110)).unwrap();
+            let e = c.on_message(xlog(relation(), 115)).unwrap();
+            assert!(!e.flush_database, "not before the commit");
+            c.on_message(xlog(insert(16500), 120)).unwrap();
+            let e = c.on_message(xlog(commit(200), 200)).unwrap();
+            assert_eq!(e.flush_database, flush, "watching relations: {watch}");
+            assert_eq!(e.invalidate, vec![16500]);
+        }
     }
 
     #[test]

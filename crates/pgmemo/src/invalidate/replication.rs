@@ -130,7 +130,7 @@ async fn consume(
     start: Lsn,
 ) -> Result<(), FeedError> {
     let stop = shared.stop_accepting.clone();
-    let mut consumer = Consumer::new(start);
+    let mut consumer = Consumer::new(start).relations_mean_ddl(!status.db.feed.sees_ddl());
     let mut tick = tokio::time::interval(STATUS_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ack_due: Option<Instant> = None;
