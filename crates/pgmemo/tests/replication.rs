@@ -900,3 +900,34 @@ async fn a_partition_created_elsewhere_reaches_a_feed_that_carries_no_ddl() {
     .await;
     memo.shutdown().await;
 }
+
+/// `auto`: a live feed whose publication goes away falls back to proxy invalidation. A
+/// commit pgmemo left to the feed (a `DO` block's write) that the feed never applied is
+/// flushed then, as proxy invalidation would have done, and its session uses the cache again.
+#[tokio::test]
+async fn auto_falling_back_flushes_what_was_left_to_the_feed() {
+    let pg = cluster().await;
+    pg.psql("CREATE PUBLICATION pgmemo FOR ALL TABLES").await;
+    let memo = pgmemo_with(&pg, Invalidation::Auto).await;
+    let c = memo.client("postgres", "postgres").await;
+    let other = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&other, q).await.as_deref(), Some("one"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &other, q).await.as_deref(), Some("one"));
+    direct
+        .batch_execute("DROP PUBLICATION pgmemo")
+        .await
+        .unwrap();
+    c.batch_execute("DO $$BEGIN UPDATE t SET v = 'done' WHERE id = 1; END$$")
+        .await
+        .unwrap();
+    assert_eventually(Duration::from_secs(10), "the feed gives up", || async {
+        feed(&memo).is_some_and(|f| f.state() == FeedState::NotUsed)
+    })
+    .await;
+    assert_eq!(first(&other, q).await.as_deref(), Some("done"));
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("done"));
+    memo.shutdown().await;
+}

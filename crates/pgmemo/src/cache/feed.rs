@@ -96,4 +96,11 @@ impl FeedGate {
     pub fn applied_lsn(&self) -> u64 {
         self.applied_lsn.load(Ordering::Acquire)
     }
+
+    /// Whether a session whose writes were left to the feed up to `lsn` must still bypass
+    /// the cache: the feed has not applied them yet. Not once the feed is given up for the
+    /// proxy's invalidation (`NotUsed`): the database was flushed then.
+    pub fn awaits(&self, lsn: u64) -> bool {
+        lsn > self.applied_lsn() && self.state() != FeedState::NotUsed
+    }
 }

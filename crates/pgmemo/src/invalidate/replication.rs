@@ -69,6 +69,10 @@ pub async fn run(shared: Arc<Shared>, status: Arc<FeedStatus>) {
                 tracing::warn!(database = %db.name, reason = %e,
                     "invalidation = auto: no replication feed for this database; writes from elsewhere are seen only by TTL");
                 status.set_error(e.to_string());
+                // Commits pgmemo left to the feed while it was live (DO, CALL, volatile
+                // functions) and the feed never applied: flushed, as the proxy would have.
+                db.generations.invalidate_database();
+                db.forget_plans();
                 db.feed.set(FeedState::NotUsed);
                 return;
             }

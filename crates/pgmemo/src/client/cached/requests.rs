@@ -329,7 +329,7 @@ impl Requests<'_> {
         if !self.session.db.sees_relayed_writes() {
             return Err(Refusal::UntrackedSessions);
         }
-        if self.session.bypass_until_lsn > self.session.db.feed.applied_lsn()
+        if self.session.db.feed.awaits(self.session.bypass_until_lsn)
             || self.link.await_feed.load(Ordering::Relaxed)
         {
             return Err(Refusal::AwaitingFeed);

@@ -265,7 +265,7 @@ impl TxnCache {
         if !self.db.sees_relayed_writes() {
             return Err(Refusal::UntrackedSessions);
         }
-        if self.await_feed || self.bypass_until_lsn > self.db.feed.applied_lsn() {
+        if self.await_feed || self.db.feed.awaits(self.bypass_until_lsn) {
             return Err(Refusal::AwaitingFeed);
         }
         Ok(())
