@@ -931,3 +931,35 @@ async fn auto_falling_back_flushes_what_was_left_to_the_feed() {
     assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("done"));
     memo.shutdown().await;
 }
+
+/// A publication altered so that it no longer carries every write: the feed makes its stream
+/// again, which checks the publication, and the cache stops serving rather than miss the
+/// writes the stream no longer shows.
+#[tokio::test]
+async fn a_publication_altered_under_a_live_feed_is_checked_again() {
+    let pg = cluster().await;
+    pg.psql("CREATE PUBLICATION pgmemo FOR ALL TABLES").await;
+    let memo = pgmemo_for(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("one"));
+    direct
+        .batch_execute("ALTER PUBLICATION pgmemo SET (publish = 'insert')")
+        .await
+        .unwrap();
+    assert_eventually(Duration::from_secs(10), "the feed stops", || async {
+        feed(&memo).is_some_and(|f| f.state() == FeedState::Down && f.slot().is_none())
+    })
+    .await;
+    // A read while it is down, an update the stream would not have shown, a read again.
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    direct
+        .batch_execute("UPDATE t SET v = 'unpublished' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("unpublished"));
+    memo.shutdown().await;
+}

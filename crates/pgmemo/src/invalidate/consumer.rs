@@ -35,6 +35,10 @@ pub struct Effect {
     pub committed: bool,
     /// That Commit's time on the upstream (µs since 2000-01-01), for the staleness histogram.
     pub commit_time: Option<i64>,
+    /// A publication was altered or dropped (this DDL message's command tag): the stream
+    /// may no longer carry every write, and is to be made again, which checks the
+    /// publication anew.
+    pub publication_changed: Option<String>,
 }
 
 /// A transaction's written tables are first made distinct at this many entries.
@@ -48,6 +52,8 @@ pub struct Consumer {
     /// `written`'s length at which it is next made distinct (see `note_written`).
     distinct_at: usize,
     ddl: bool,
+    /// The command tag of a publication's DDL in the transaction in progress.
+    publication_ddl: Option<String>,
     received: Lsn,
     applied: Lsn,
     /// See [`Consumer::relations_mean_ddl`].
@@ -63,6 +69,7 @@ impl Consumer {
             written: Vec::new(),
             distinct_at: MIN_DISTINCT_AT,
             ddl: false,
+            publication_ddl: None,
             received: start,
             applied: start,
             relations_mean_ddl: false,
@@ -138,6 +145,7 @@ impl Consumer {
                 self.written.clear();
                 self.distinct_at = MIN_DISTINCT_AT;
                 self.ddl = false;
+                self.publication_ddl = None;
             }
             LogicalMessage::Commit(c) => {
                 self.in_transaction = false;
@@ -146,6 +154,7 @@ impl Consumer {
                 oids.dedup();
                 effect.invalidate = oids;
                 effect.flush_database = std::mem::take(&mut self.ddl);
+                effect.publication_changed = self.publication_ddl.take();
                 effect.committed = true;
                 effect.commit_time = Some(c.commit_time);
                 let end = c.end_lsn.max(c.commit_lsn);
@@ -162,10 +171,16 @@ impl Consumer {
                 }
             }
             LogicalMessage::Message(m) if m.prefix.as_ref() == DDL_PREFIX => {
+                let publication = m
+                    .content
+                    .ends_with(b" PUBLICATION")
+                    .then(|| String::from_utf8_lossy(&m.content).into_owned());
                 if self.in_transaction {
                     self.ddl = true;
+                    self.publication_ddl = self.publication_ddl.take().or(publication);
                 } else {
                     effect.flush_database = true;
+                    effect.publication_changed = publication;
                 }
             }
             LogicalMessage::Unsupported { tag, .. } => {

@@ -55,6 +55,8 @@ pub enum FeedError {
     },
     #[error("could not connect within {0:?}")]
     Timeout(std::time::Duration),
+    #[error("a publication changed ({0}): the stream is made again to check it")]
+    PublicationChanged(String),
     #[error("the upstream URL names no user for the replication connection")]
     NoUser,
     #[error("publication \"{0}\" does not exist in this database (invalidation = \"auto\" never creates it)")]

@@ -188,6 +188,9 @@ async fn consume(
         }
         let effect = consumer.on_message(msg)?;
         apply(shared, status, &effect);
+        if let Some(tag) = effect.publication_changed {
+            return Err(FeedError::PublicationChanged(tag));
+        }
         if effect.reply_now {
             acked = send_status(conn, &consumer, false).await?;
             ack_due = None;
