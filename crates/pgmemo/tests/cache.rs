@@ -1538,6 +1538,32 @@ async fn a_write_its_client_left_running_still_invalidates() {
     .await;
 }
 
+/// A column default calling a volatile user-defined function runs it on INSERT, and the
+/// function may write other tables: such an INSERT counts as writing anything.
+#[tokio::test]
+async fn a_column_default_calling_a_writing_function_invalidates_what_it_writes() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE audit (n int);
+         CREATE FUNCTION note() RETURNS int VOLATILE LANGUAGE plpgsql
+           AS $$BEGIN INSERT INTO audit VALUES (1); RETURN 1; END$$;
+         CREATE TABLE noted (id serial, n int DEFAULT note());",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let count = "SELECT count(*) FROM audit";
+    assert_eq!(first(&c, count).await.as_deref(), Some("0"));
+    assert_eq!(first(&c, count).await.as_deref(), Some("0"));
+    c.batch_execute("INSERT INTO noted DEFAULT VALUES")
+        .await
+        .unwrap();
+    assert_eq!(
+        first(&c, count).await.as_deref(),
+        Some("1"),
+        "after the insert"
+    );
+}
+
 /// `TRUNCATE ... CASCADE` also empties the tables whose foreign keys reach the named one,
 /// whatever their ON DELETE action.
 #[tokio::test]

@@ -39,7 +39,8 @@ pub struct Relation {
     pub row_security: bool,
     pub schema: String,
     pub name: String,
-    /// User triggers or rules: a write to it may change tables pgmemo cannot name.
+    /// User triggers or rules, or a column default calling a volatile user-defined function:
+    /// a write to it may change tables pgmemo cannot name.
     pub hidden_writes: bool,
     /// A view's definition, to find the functions it calls.
     pub view_definition: Option<String>,
@@ -187,7 +188,8 @@ deps(i, oid, how) AS (
   ) x
 )
 SELECT 'r', d.i, d.oid::pg_catalog.int8, d.how, c.relkind::pg_catalog.text, c.relpersistence::pg_catalog.text, c.relrowsecurity::pg_catalog.text, n.nspname::pg_catalog.text, c.relname::pg_catalog.text,
-  ((c.relkind OPERATOR(pg_catalog.<>) 'v' AND c.relhasrules) OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND NOT t.tgisinternal))::pg_catalog.text,
+  ((c.relkind OPERATOR(pg_catalog.<>) 'v' AND c.relhasrules) OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND NOT t.tgisinternal)
+   OR EXISTS (SELECT 1 FROM pg_catalog.pg_attrdef ad JOIN pg_catalog.pg_depend ddp ON ddp.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND ddp.objid OPERATOR(pg_catalog.=) ad.oid AND ddp.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass JOIN pg_catalog.pg_proc dpr ON dpr.oid OPERATOR(pg_catalog.=) ddp.refobjid WHERE ad.adrelid OPERATOR(pg_catalog.=) c.oid AND dpr.provolatile OPERATOR(pg_catalog.=) 'v' AND dpr.oid OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid))::pg_catalog.text,
   CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END
   FROM deps d JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.oid JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
 UNION ALL SELECT 'u', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM roots WHERE oid IS NULL
