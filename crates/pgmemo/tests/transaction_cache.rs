@@ -764,6 +764,57 @@ async fn a_write_its_client_left_running_still_invalidates() {
     .await;
 }
 
+/// A Parse of the unnamed statement that the server skipped (an error earlier in the batch)
+/// leaves the statement it had: a later Bind without a Parse runs that one, and its result
+/// is neither keyed nor stored under the skipped text.
+#[tokio::test]
+async fn a_skipped_unnamed_parse_keeps_the_statement_the_server_runs() {
+    within(DEADLINE, async {
+        let (_pg, memo, _direct) = setup(1).await;
+        let first_text = "SELECT 'first'::text AS v";
+        let second_text = "SELECT 'second'::text AS v";
+        let mut c = raw::Raw::connect(memo.addr()).await;
+        let (_, values) = c
+            .round_trip(&[
+                raw::parse(first_text, &[]),
+                raw::bind(&[]),
+                raw::execute(),
+                raw::sync(),
+            ])
+            .await;
+        assert_eq!(values, ["first"]);
+        let (tags, _) = c
+            .round_trip(&[
+                raw::describe_portal_named("nope"),
+                raw::parse(second_text, &[]),
+                raw::bind(&[]),
+                raw::execute(),
+                raw::sync(),
+            ])
+            .await;
+        assert_eq!(tags, ['E', 'Z'], "the rest of the batch is skipped");
+        for _ in 0..3 {
+            let (_, values) = c
+                .round_trip(&[raw::bind(&[]), raw::execute(), raw::sync()])
+                .await;
+            assert_eq!(values, ["first"], "the statement the server kept");
+        }
+        let mut d = raw::Raw::connect(memo.addr()).await;
+        for _ in 0..2 {
+            let (_, values) = d
+                .round_trip(&[
+                    raw::parse(second_text, &[]),
+                    raw::bind(&[]),
+                    raw::execute(),
+                    raw::sync(),
+                ])
+                .await;
+            assert_eq!(values, ["second"]);
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_client_leaving_mid_transaction_has_its_writes_invalidated_anyway() {
     within(DEADLINE, async {

@@ -59,6 +59,14 @@ pub fn describe_portal() -> Vec<u8> {
     msg(b'D', b"P\0")
 }
 
+/// Describe of the portal `name`.
+pub fn describe_portal_named(name: &str) -> Vec<u8> {
+    let mut body = vec![b'P'];
+    body.extend_from_slice(name.as_bytes());
+    body.push(0);
+    msg(b'D', &body)
+}
+
 pub fn describe_statement() -> Vec<u8> {
     msg(b'D', b"S\0")
 }

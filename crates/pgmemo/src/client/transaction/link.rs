@@ -96,6 +96,16 @@ pub struct Revert {
     pub closed: bool,
 }
 
+/// What a Parse or Close of the unnamed statement changed in pgmemo's records: put back when
+/// the server skips the message (an error earlier in the batch, as PostgreSQL then keeps the
+/// statement it had); when the message itself fails, the server holds no unnamed statement.
+pub struct UnnamedUndo {
+    /// The client's unnamed statement before, when the message was the client's own Parse.
+    pub client: Option<Option<Unnamed>>,
+    /// The server's before.
+    pub server: Option<(u64, u64)>,
+}
+
 /// One answer (or group of answers) owed to the client.
 pub struct Entry {
     pub expect: Expect,
@@ -121,6 +131,8 @@ pub struct Entry {
     /// With the cache on: what the statement(s) of a Query or Execute write, counted once
     /// their answer arrives.
     pub effects: Option<Box<Effects>>,
+    /// Set on Parse and Close entries of the unnamed statement (boxed, as `revert`).
+    pub unnamed: Option<Box<UnnamedUndo>>,
 }
 
 impl Entry {
@@ -138,6 +150,7 @@ impl Entry {
             raised: false,
             described: false,
             effects: None,
+            unnamed: None,
         }
     }
 
@@ -276,6 +289,32 @@ impl Link<'_> {
                     on_server: *created,
                     closed: false,
                 });
+            }
+        }
+    }
+
+    /// The records of the unnamed statement a message is about to change (`client`: the
+    /// client's own Parse, which replaces the client's statement too).
+    pub fn unnamed_undo(&self, client: bool) -> Box<UnnamedUndo> {
+        Box::new(UnnamedUndo {
+            client: client.then(|| self.client.unnamed.clone()),
+            server: self.server.unnamed,
+        })
+    }
+
+    /// Undoes a Parse or Close of the unnamed statement the server skipped, or records what
+    /// its failure left (`failed`): no unnamed statement on the server, nor for the client
+    /// when the Parse was its own.
+    pub fn undo_unnamed(&mut self, undo: UnnamedUndo, failed: bool) {
+        if failed {
+            self.server.unnamed = None;
+            if undo.client.is_some() {
+                self.client.unnamed = None;
+            }
+        } else {
+            self.server.unnamed = undo.server;
+            if let Some(client) = undo.client {
+                self.client.unnamed = client;
             }
         }
     }

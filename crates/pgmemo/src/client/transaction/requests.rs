@@ -220,13 +220,15 @@ fn send_unnamed_parse(
     out: &mut BytesMut,
 ) {
     out.extend_from_slice(&parse);
+    let mut entry = Entry::forward(Expect::Parse);
+    entry.unnamed = Some(link.unnamed_undo(true));
     link.unnamed_parsed(Some(Unnamed {
         seq: 0,
         parse,
         outcome,
         plain,
     }));
-    link.queue.push_back(Entry::forward(Expect::Parse));
+    link.queue.push_back(entry);
 }
 
 /// A simple Query inside a transaction block answered from the cache, when nothing is owed
@@ -395,8 +397,10 @@ fn parse(
         .filter(|u| u.plain && u.parse[..] == *frame.raw())
     {
         out.extend_from_slice(&unnamed.parse);
+        let mut entry = Entry::forward(Expect::Parse);
+        entry.unnamed = Some(link.unnamed_undo(true));
         link.unnamed_parsed(None);
-        link.queue.push_back(Entry::forward(Expect::Parse));
+        link.queue.push_back(entry);
         return Ok(false);
     }
     let msg = Parse::decode(frame.body_bytes())?;
@@ -609,8 +613,10 @@ fn restore_unnamed(link: &mut Link<'_>, out: &mut BytesMut) {
     match &link.client.unnamed {
         Some(u) if link.server.unnamed != Some((tag, u.seq)) => {
             out.extend_from_slice(&u.parse);
+            let mut entry = Entry::swallow(Expect::Parse);
+            entry.unnamed = Some(link.unnamed_undo(false));
             link.server.unnamed = Some((tag, u.seq));
-            link.queue.push_back(Entry::swallow(Expect::Parse));
+            link.queue.push_back(entry);
         }
         Some(_) => {}
         None if link.server.unnamed.is_some() => {
@@ -619,8 +625,10 @@ fn restore_unnamed(link: &mut Link<'_>, out: &mut BytesMut) {
                 name: Bytes::new(),
             }
             .encode(out);
+            let mut entry = Entry::swallow(Expect::Close);
+            entry.unnamed = Some(link.unnamed_undo(false));
             link.server.unnamed = None;
-            link.queue.push_back(Entry::swallow(Expect::Close));
+            link.queue.push_back(entry);
         }
         None => {}
     }

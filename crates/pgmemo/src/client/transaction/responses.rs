@@ -516,11 +516,15 @@ fn on_error(link: &mut Link<'_>) {
         }
         skipped.push(link.queue.pop_front().expect("checked"));
     }
-    // Undone last first: a Close and a Parse of one name are undone back to the first.
-    for entry in skipped.into_iter().rev() {
+    // Undone last first: a Close and a Parse of one name are undone back to the first. The
+    // first entry is the message that failed; the others were skipped.
+    for (i, entry) in skipped.into_iter().enumerate().rev() {
         link.revert_outcomes(&entry.outcomes[entry.next.min(entry.outcomes.len())..]);
         if let Some(revert) = entry.revert {
             link.revert(*revert);
+        }
+        if let Some(undo) = entry.unnamed {
+            link.undo_unnamed(*undo, i == 0);
         }
     }
 }
