@@ -439,6 +439,28 @@ async fn a_mapped_server_user_does_not_make_a_client_an_admin() {
     assert!(!rows(&console, "SHOW STATS").await.is_empty());
 }
 
+/// With relayed authentication the server checks the role a `[databases]` entry maps the
+/// client's name to: a listed admin name mapped to an unlisted role does not get the console.
+#[tokio::test]
+async fn a_listed_admin_name_mapped_to_another_role_is_refused() {
+    let pg = cluster().await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.admin_users = vec!["ops".to_owned(), "postgres".to_owned()];
+    config.databases.insert(
+        "postgres".to_owned(),
+        pgmemo::config::DatabaseConfig {
+            user: Some("app_role".to_owned()),
+            ..Default::default()
+        },
+    );
+    pg.psql("CREATE ROLE app_role LOGIN").await;
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let Err(err) = admin(&memo, "ops").await else {
+        panic!("ops got into the console as app_role")
+    };
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
+}
+
 /// SHOW STATS counts what its rows name: failed logins, waits for a pool place that timed
 /// out, server connections opened, and in transaction pooling prepared-statement hits and
 /// misses on the servers.

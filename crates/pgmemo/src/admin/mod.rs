@@ -93,7 +93,7 @@ async fn authorize(
     // may log the connection in as another, more privileged role.
     let role = (config.auth_type != crate::config::AuthType::Upstream).then(|| user.clone());
     drop(config);
-    let (_route, lease, mut server) = tokio::time::timeout(
+    let (route, lease, mut server) = tokio::time::timeout(
         wait,
         crate::client::login_for_admin(client, shared, &auth_startup),
     )
@@ -102,7 +102,11 @@ async fn authorize(
     let allowed = if admins.is_empty() {
         is_superuser(&mut server, role.as_deref()).await
     } else {
-        admins.contains(&user)
+        // The name the login proved: the client's own with pgmemo's authentication, the
+        // server role when relayed (a `[databases]` entry may map the client's name to
+        // another, whose password is what the server checked). Both must be listed.
+        let proven = role.as_deref().unwrap_or(&route.key.user);
+        admins.contains(&user) && admins.iter().any(|a| a == proven)
     };
     crate::client::give_back_unused(lease, server, &shared.config());
     if !allowed {
