@@ -89,12 +89,10 @@ impl UpstreamTls {
             .map_err(|e| format!("invalid upstream host name {host:?}: {e}"))
     }
 
-    /// `None` for `sslmode=disable`, and for an upstream reached through a Unix-domain socket,
-    /// where libpq does not try TLS whatever the sslmode.
+    /// `None` for `sslmode=disable`. A connection through a Unix-domain socket never uses it,
+    /// as libpq never tries TLS there whatever the sslmode (see `ServerConn::open`); a
+    /// `[databases]` entry's TCP host does, also when the URL's host is a socket directory.
     pub fn from_url(url: &UpstreamUrl) -> Result<Option<UpstreamTls>, String> {
-        if crate::net::is_unix_socket_dir(&url.host) {
-            return Ok(None);
-        }
         let verifier: Arc<dyn ServerCertVerifier> = match url.sslmode {
             SslMode::Disable => return Ok(None),
             SslMode::Prefer | SslMode::Require => Arc::new(AcceptAnyCert(provider())),
@@ -127,7 +125,9 @@ impl UpstreamTls {
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
-        UpstreamTls::server_name(&url.host)?;
+        if !crate::net::is_unix_socket_dir(&url.host) {
+            UpstreamTls::server_name(&url.host)?;
+        }
         Ok(Some(UpstreamTls {
             connector: TlsConnector::from(Arc::new(config)),
             required: url.sslmode != SslMode::Prefer,

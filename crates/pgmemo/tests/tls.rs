@@ -740,3 +740,40 @@ async fn upstream_tls_verify_full_checks_the_host_of_each_database() {
         .expect_err("verify-full accepted a certificate without the entry's host");
     assert_upstream_tls_failure(&err);
 }
+
+/// An upstream URL naming a socket directory with `sslmode=require`: the socket itself is
+/// never tried with TLS (as libpq), but a `[databases]` entry's TCP host is.
+#[tokio::test]
+async fn upstream_tls_applies_to_database_hosts_of_a_socket_url() {
+    let pki = make_pki(&["localhost", "127.0.0.1"]);
+    let pg = ssl_only_cluster(&pki).await;
+    let dir = pg
+        .socket_dir()
+        .to_str()
+        .expect("UTF-8 temp dir")
+        .replace('/', "%2F");
+    let url = format!("postgres://{dir}:{}?sslmode=require", pg.port());
+    let mut config = Config {
+        upstream: UpstreamUrl::parse(&url).unwrap(),
+        ..Config::default()
+    };
+    config.databases.insert(
+        "over_tcp".into(),
+        pgmemo::config::DatabaseConfig {
+            host: Some("127.0.0.1".into()),
+            dbname: Some("postgres".into()),
+            ..Default::default()
+        },
+    );
+    let pgmemo = start_pgmemo(config).await;
+    let over_socket = connect_plain(pgmemo.port(), "postgres")
+        .await
+        .expect("the socket needs no TLS");
+    assert!(!server_side_ssl(&over_socket).await);
+    let mut over_tcp = client_config(pgmemo.port(), "postgres", None, SslMode::Disable);
+    over_tcp.dbname("over_tcp");
+    let client = connect_with(&over_tcp, NoTls)
+        .await
+        .expect("the TCP host is reached over TLS (the server refuses anything else)");
+    assert!(server_side_ssl(&client).await);
+}
