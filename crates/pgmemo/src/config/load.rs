@@ -172,9 +172,32 @@ fn read_file(path: &Path) -> Result<Table, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    let parse_error = |e: toml::de::Error| ConfigError::Parse {
-        path: path.to_owned(),
-        message: e.to_string().trim_end().to_owned(),
+    // Where and what, without the source line toml's own message quotes: a line such as
+    // `upstream = "postgres://app:secret@..."` must not reach logs or the admin console.
+    let parse_error = |e: toml::de::Error| {
+        let at = e
+            .span()
+            .and_then(|span| text.get(..span.start))
+            .map(|before| {
+                let line = before.matches('\n').count() + 1;
+                let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+                let column = before.len() - line_start + 1;
+                // The key of that line (never its value), when the line assigns one.
+                let key = text[line_start..]
+                    .lines()
+                    .next()
+                    .and_then(|l| l.split_once('='))
+                    .map(|(k, _)| k.trim())
+                    .filter(|k| !k.is_empty() && k.len() <= 64 && !k.contains(['"', '\'']))
+                    .map(|k| format!(" ({k})"))
+                    .unwrap_or_default();
+                format!("line {line}, column {column}{key}: ")
+            })
+            .unwrap_or_default();
+        ConfigError::Parse {
+            path: path.to_owned(),
+            message: format!("{at}{}", e.message().trim_end()),
+        }
     };
     toml::from_str::<Config>(&text).map_err(parse_error)?;
     toml::from_str::<Table>(&text).map_err(parse_error)
@@ -456,6 +479,21 @@ mod tests {
         assert_eq!(c.listen.port(), 7000, "file beats default");
         assert_eq!(c.log_level, "warn", "PGMEMO_LOG is not log_level");
         assert_eq!(c.pool_mode, PoolMode::Session, "default");
+    }
+
+    #[test]
+    fn errors_in_the_file_never_quote_its_lines() {
+        let f = file_with("pool_size = 3\nupstream = \"postgres://app:s3cret@db:bad/x\"\n");
+        let msg = load(&sources(Some(f.path()), &[], ""))
+            .unwrap_err()
+            .to_string();
+        assert!(!msg.contains("s3cret"), "{msg}");
+        assert!(msg.contains("line 2") && msg.contains("upstream"), "{msg}");
+        let f = file_with("pool_size = 3\nupstream = \"postgres://app:s3cret@db/x\n");
+        let msg = load(&sources(Some(f.path()), &[], ""))
+            .unwrap_err()
+            .to_string();
+        assert!(!msg.contains("s3cret"), "{msg}");
     }
 
     #[test]
