@@ -104,42 +104,10 @@ impl Collector {
                     self.relation(rel, Role::Write);
                 }
             }
-            // Temporary relations are flagged wherever they appear; PostgreSQL rejects the nested
+            // Temporary objects are flagged wherever they appear; PostgreSQL rejects the nested
             // forms (`CREATE SCHEMA s CREATE TEMP TABLE ...`), so erring is harmless.
-            NodeRef::CreateStmt(s) => {
-                self.session_temp_table |= temp::table(s);
-                self.children(node, role);
-            }
-            NodeRef::ViewStmt(s) => {
-                self.session_temp_table |= temp::relation(s.view.as_ref());
-                self.children(node, role);
-            }
-            NodeRef::CreateSeqStmt(s) => {
-                self.session_temp_table |= temp::relation(s.sequence.as_ref());
-                self.children(node, role);
-            }
-            NodeRef::CompositeTypeStmt(s) => {
-                self.session_temp_table |= temp::relation(s.typevar.as_ref());
-                self.children(node, role);
-            }
-            NodeRef::CreateFunctionStmt(s) => {
-                self.session_temp_table |= temp::named(&s.funcname);
-                self.children(node, role);
-            }
-            NodeRef::DefineStmt(s) => {
-                self.session_temp_table |= temp::named(&s.defnames);
-                self.children(node, role);
-            }
-            NodeRef::CreateDomainStmt(s) => {
-                self.session_temp_table |= temp::named(&s.domainname);
-                self.children(node, role);
-            }
-            NodeRef::CreateEnumStmt(s) => {
-                self.session_temp_table |= temp::named(&s.type_name);
-                self.children(node, role);
-            }
-            NodeRef::CreateRangeStmt(s) => {
-                self.session_temp_table |= temp::named(&s.type_name);
+            _ if temp::created(node) => {
+                self.session_temp_table = true;
                 self.children(node, role);
             }
             NodeRef::RangeTableSample(_) => {

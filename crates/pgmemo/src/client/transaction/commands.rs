@@ -318,7 +318,7 @@ impl Planner<'_> {
                 },
                 None,
             )),
-            _ if stmt.functions.iter().any(|f| f.name == "set_config") => Ok((
+            _ if calls_set_config(stmt) => Ok((
                 Outcome {
                     effect: Effect::SettingsUnknown,
                     tag: None,
@@ -369,11 +369,7 @@ impl Planner<'_> {
 fn executed(statement: &PreparedStatement) -> Outcome {
     let text = &*statement.key.text;
     let sets = sql::may_affect_session(text)
-        && sql::analyze(text).map_or(true, |a| {
-            a.statements
-                .iter()
-                .any(|s| s.functions.iter().any(|f| f.name == "set_config"))
-        });
+        && sql::analyze(text).map_or(true, |a| a.statements.iter().any(calls_set_config));
     if sets {
         Outcome {
             effect: Effect::SettingsUnknown,
@@ -382,6 +378,11 @@ fn executed(statement: &PreparedStatement) -> Outcome {
     } else {
         Outcome::plain()
     }
+}
+
+/// Whether a statement calls `set_config`, which changes settings pgmemo cannot replay.
+fn calls_set_config(stmt: &StatementInfo) -> bool {
+    stmt.functions.iter().any(|f| f.name == "set_config")
 }
 
 /// Makes sure `server` has `statement`, noting what to create and close first.
