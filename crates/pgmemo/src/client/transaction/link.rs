@@ -219,17 +219,17 @@ pub struct Link<'a> {
     /// The client's cache state, when the cache is on for its database.
     pub cache: Option<&'a mut TxnCache>,
     pub server: &'a mut ServerSession,
-    pub queue: VecDeque<Entry>,
+    pub queue: &'a mut VecDeque<Entry>,
     /// A plain request whose answers come before every queue entry's (see `plain`).
     pub plain: Option<Plain>,
     /// Portals whose statement changes session state.
-    pub portals: Map<Bytes, Arc<Outcome>>,
+    pub portals: &'a mut Map<Bytes, Arc<Outcome>>,
     pub txn: TxnTrack,
     /// Extended-protocol messages were sent since the last Sync.
     pub mid_batch: bool,
     pub max_prepared: usize,
     /// The client's messages of the current extended-protocol batch, kept for a retry.
-    pub batch: BatchLog,
+    pub batch: &'a mut BatchLog,
     /// Replay `batch[n..]`: a statement's plan went stale and the batch is retried once.
     pub retry: Option<usize>,
     /// This batch was retried already.

@@ -96,7 +96,7 @@ pub fn client_state(
         effects: Map::default(),
         unnamed: None,
         parses: 0,
-        settings: ClientSettings::from_startup(&settings, tag),
+        settings: ClientSettings::from_startup(&settings),
         verify: Vec::new(),
         status: TransactionStatus::Idle,
     })
@@ -565,6 +565,9 @@ struct Buffers {
     server_out: BytesMut,
     queue: VecDeque<link::Entry>,
     batch: link::BatchLog,
+    /// Kept for its hasher: a new map draws random keys (a tenth of the relay's own work
+    /// on a short transaction).
+    portals: Map<bytes::Bytes, Arc<commands::Outcome>>,
 }
 
 struct AttachOptions {
@@ -597,13 +600,13 @@ async fn serve_attached(
         client: state,
         cache,
         server: session,
-        queue: std::mem::take(&mut buffers.queue),
+        queue: &mut buffers.queue,
         plain: None,
-        portals: Map::default(),
+        portals: &mut buffers.portals,
         txn: TxnTrack::default(),
         mid_batch: false,
         max_prepared: opts.max_prepared,
-        batch: std::mem::take(&mut buffers.batch),
+        batch: &mut buffers.batch,
         retry: None,
         retried: false,
         skip_parameter_description: false,
@@ -665,8 +668,7 @@ async fn serve_attached(
     }
     link.queue.clear();
     link.batch.clear();
-    buffers.queue = std::mem::take(&mut link.queue);
-    buffers.batch = std::mem::take(&mut link.batch);
+    link.portals.clear();
     (attached, at_boundary)
 }
 
