@@ -346,6 +346,48 @@ async fn settings_changed_by_an_executed_statement(cache: Switch) {
     .await;
 }
 
+/// A DO block that changes a setting, commits and then fails keeps the change on the server,
+/// though its statement reports only the error: the server is reset before another client
+/// uses it, in the simple and in the extended protocol.
+#[tokio::test]
+async fn settings_committed_by_a_statement_that_then_fails_do_not_leak() {
+    for cache in [Switch::Off, Switch::On] {
+        settings_committed_before_an_error(cache).await;
+    }
+}
+
+async fn settings_committed_before_an_error(cache: Switch) {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = cache).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let work_mem = value(&b, "SHOW work_mem").await;
+        let block = "DO $$BEGIN PERFORM pg_catalog.set_config('work_mem', '1234kB', false); \
+                     COMMIT; RAISE EXCEPTION 'after the commit'; END$$";
+        let simple = a.batch_execute(block).await.unwrap_err();
+        assert!(
+            format!("{simple:?}").contains("after the commit"),
+            "{simple:?}"
+        );
+        assert_eq!(
+            value(&b, "SHOW work_mem").await,
+            work_mem,
+            "B got A's work_mem (simple protocol, cache {cache:?})"
+        );
+        let extended = a.execute(block, &[]).await.unwrap_err();
+        assert!(
+            format!("{extended:?}").contains("after the commit"),
+            "{extended:?}"
+        );
+        assert_eq!(
+            value(&b, "SHOW work_mem").await,
+            work_mem,
+            "B got A's work_mem (extended protocol, cache {cache:?})"
+        );
+    })
+    .await;
+}
+
 /// A FunctionCall message runs a function by OID, which pgmemo cannot read: the server is
 /// reset before another client uses it, whatever the function changed.
 #[tokio::test]

@@ -264,9 +264,16 @@ impl Link<'_> {
     }
 
     /// Undoes the effects of statements `from..` of an entry that did not run, last first
-    /// (`DEALLOCATE p; PREPARE p AS ...` is undone back to the first `p`).
+    /// (`DEALLOCATE p; PREPARE p AS ...` is undone back to the first `p`). The first of them
+    /// is the one that failed, which may have changed settings pgmemo cannot follow before
+    /// its error (a `DO` block or procedure that commits, then raises): such a statement
+    /// leaves the server's settings unknown whether or not it completed.
     pub fn revert_outcomes(&mut self, outcomes: &[Outcome]) {
         for outcome in outcomes.iter().rev() {
+            if matches!(outcome.effect, Effect::SettingsUnknown) {
+                self.server.settings.unknown = true;
+                continue;
+            }
             if let Effect::Deallocated(statements) = &outcome.effect {
                 for (name, statement) in statements {
                     if !self.client.statements.contains_key(name) {
