@@ -388,6 +388,38 @@ async fn settings_committed_before_an_error(cache: Switch) {
     .await;
 }
 
+/// PREPARE TRANSACTION settles the transaction's settings as COMMIT does: the session keeps
+/// them. After a ROLLBACK TO SAVEPOINT (or an error) earlier in the transaction, pgmemo used
+/// to drop them, leaving a server it took for in step with the next client.
+#[tokio::test]
+async fn settings_kept_by_prepare_transaction_stay_with_their_client() {
+    within(TEST_DEADLINE, async {
+        let pg = testkit::TempPostgres::builder()
+            .conf("max_prepared_transactions = 2")
+            .start()
+            .await
+            .expect("cluster starts");
+        let pgmemo = txn_pgmemo(pg.port(), 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, "postgres").await;
+        let b = pgmemo.client(USER, "postgres").await;
+        let work_mem = value(&b, "SHOW work_mem").await;
+        a.batch_execute(
+            "BEGIN; SAVEPOINT s; ROLLBACK TO s; SET work_mem TO '1234kB'; \
+             PREPARE TRANSACTION 'kept'",
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            value(&b, "SHOW work_mem").await,
+            work_mem,
+            "B got A's work_mem"
+        );
+        assert_eq!(value(&a, "SHOW work_mem").await, "1234kB", "A lost its own");
+        a.batch_execute("ROLLBACK PREPARED 'kept'").await.unwrap();
+    })
+    .await;
+}
+
 /// A FunctionCall message runs a function by OID, which pgmemo cannot read: the server is
 /// reset before another client uses it, whatever the function changed.
 #[tokio::test]

@@ -387,7 +387,9 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
 fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Option<BytesMut> {
     let tag = body.strip_suffix(b"\0").unwrap_or(body);
     match tag {
-        b"COMMIT" => {
+        // PostgreSQL settles settings at PREPARE TRANSACTION as at COMMIT: the session keeps
+        // them, whatever becomes of the prepared transaction.
+        b"COMMIT" | b"PREPARE TRANSACTION" => {
             let pending = std::mem::take(&mut link.txn.pending);
             commit(
                 &pending,
@@ -400,7 +402,7 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
                 link.client,
             );
             link.txn.failed = false;
-            if let Some(cache) = link.cache.as_deref_mut() {
+            if let (Some(cache), b"COMMIT") = (link.cache.as_deref_mut(), tag) {
                 cache.committed();
             }
         }
