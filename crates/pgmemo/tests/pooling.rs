@@ -967,6 +967,7 @@ async fn a_connection_with_unconsumed_server_bytes_is_not_pooled() {
         port: LocalPostgres::PORT,
         database: DB.into(),
         user: USER.into(),
+        alias: DB.into(),
     };
     let pools = Pools::default();
     let pool = pools.get(&key, 1);

@@ -96,3 +96,65 @@ async fn mapped_database_uses_its_name_user_and_password() {
         "real_app"
     );
 }
+
+/// Two entries naming one real database are two pools, each with its own `pool_size`
+/// (one shared pool took the size of whichever entry logged in last), shown in `SHOW POOLS`
+/// under the names clients use.
+#[tokio::test]
+async fn entries_sharing_a_database_keep_their_own_pool_size() {
+    let pg = cluster().await;
+    let mut config = pgmemo_config_for(pg.port());
+    for (name, size) in [("small", 1), ("large", 3)] {
+        config.databases.insert(
+            name.to_owned(),
+            DatabaseConfig {
+                dbname: Some("other_db".to_owned()),
+                pool_size: Some(size),
+                ..DatabaseConfig::default()
+            },
+        );
+    }
+    let memo = spawn_pgmemo(config).await.unwrap();
+    let small = memo.client("postgres", "small").await;
+    let large = memo.client("postgres", "large").await;
+    for client in [&small, &large] {
+        let row = client
+            .query_one("SELECT current_database()", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), "other_db");
+    }
+    let sizes: Vec<(String, usize)> = {
+        let mut v: Vec<_> = memo
+            .handle()
+            .shared()
+            .pools
+            .all()
+            .iter()
+            .filter(|p| p.key().database == "other_db")
+            .map(|p| (p.key().alias.clone(), p.size()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        sizes,
+        vec![("large".to_owned(), 3), ("small".to_owned(), 1)],
+        "one pool per entry, each with its own size"
+    );
+    let console = memo.client("postgres", "pgmemo").await;
+    let listed: Vec<String> = console
+        .simple_query("SHOW POOLS")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get("database").map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        listed.contains(&"small".to_owned()) && listed.contains(&"large".to_owned()),
+        "{listed:?}"
+    );
+}

@@ -17,14 +17,12 @@ pub fn show_pools(shared: &Shared) -> Table {
         "clients_waiting",
     ]);
     let mut pools = shared.pools.all();
-    pools.sort_by(|a, b| {
-        (&a.key().database, &a.key().user).cmp(&(&b.key().database, &b.key().user))
-    });
+    pools.sort_by(|a, b| (&a.key().alias, &a.key().user).cmp(&(&b.key().alias, &b.key().user)));
     for pool in pools {
         let key = pool.key();
         let (idle, total) = pool.counts();
         t.row(vec![
-            Some(key.database.clone()),
+            Some(key.alias.clone()),
             Some(key.user.clone()),
             Some(format!("{}:{}", key.host, key.port)),
             Some(pool.size().to_string()),

@@ -26,7 +26,7 @@ pub fn show_servers(shared: &Shared) -> Table {
     for s in shared.pools.servers.snapshot() {
         let [connected_seconds, connect_time] = connected_columns(s.connected_at, now);
         t.row(vec![
-            Some(s.pool.database),
+            Some(s.pool.alias),
             Some(s.pool.user),
             Some(format!("{}:{}", s.pool.host, s.pool.port)),
             s.pid.map(|p| p.to_string()),

@@ -80,6 +80,7 @@ impl Route {
                 port,
                 database,
                 user: server_user,
+                alias: client_database.clone(),
             },
             client_database,
             password: mapping.and_then(|m| m.password.clone()),

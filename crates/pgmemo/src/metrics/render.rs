@@ -111,7 +111,7 @@ fn pools(page: &mut Exposition, shared: &Shared) {
     pools.sort_by(|a, b| {
         let key = |p: &crate::pool::Pool| {
             let k = p.key();
-            (k.database.clone(), k.user.clone(), k.host.clone(), k.port)
+            (k.alias.clone(), k.user.clone(), k.host.clone(), k.port)
         };
         key(a).cmp(&key(b))
     });
@@ -151,7 +151,7 @@ fn pools(page: &mut Exposition, shared: &Shared) {
         page.family(name, Kind::Gauge, help);
         for (key, server, figures) in &rows {
             let labels = [
-                ("database", key.database.as_str()),
+                ("database", key.alias.as_str()),
                 ("user", key.user.as_str()),
                 ("server", server.as_str()),
             ];
@@ -324,8 +324,9 @@ mod tests {
         let key = PoolKey {
             host: "db".into(),
             port: 5433,
-            database: "we\"ird\\db\nname".into(),
+            database: "real".into(),
             user: "alice".into(),
+            alias: "we\"ird\\db\nname".into(),
         };
         shared.pools.get(&key, 7);
         Stats::bump(&shared.stats.clients_accepted);

@@ -186,6 +186,7 @@ mod tests {
             port: 5432,
             database: db.into(),
             user: "u".into(),
+            alias: db.into(),
         }
     }
 
@@ -202,7 +203,7 @@ mod tests {
         assert_eq!(rows.len(), 2);
         let (ra, rb) = (&rows[0], &rows[1]);
         assert_eq!(
-            (ra.pool.database.as_str(), ra.pid, ra.state),
+            (ra.pool.alias.as_str(), ra.pid, ra.state),
             ("a", Some(42), ServerState::Active)
         );
         assert_eq!((rb.pid, rb.state, rb.tls), (None, ServerState::Idle, true));

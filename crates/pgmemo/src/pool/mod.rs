@@ -31,13 +31,19 @@ pub use prepared::{
 pub use server::{ServerConn, ServerCredential, ServerError, ServerSession};
 pub use wait::WaitTimer;
 
-/// Identifies a pool: the real server, database and user of its connections.
+/// Identifies a pool: the real server, database and user of its connections, and the
+/// database name its clients use. Two `[databases]` entries naming one real database are two
+/// pools, as in PgBouncer: each has its own `pool_size`, which one shared pool could only
+/// follow by switching between them at each login.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PoolKey {
     pub host: String,
     pub port: u16,
     pub database: String,
     pub user: String,
+    /// The database name clients ask for (the `[databases]` entry, or `database` itself);
+    /// what `SHOW POOLS`, `SHOW SERVERS` and the metrics show as the database.
+    pub alias: String,
 }
 
 /// Why no server connection could be lent.
@@ -371,6 +377,7 @@ mod tests {
             port: 5432,
             database: "db".into(),
             user: "u".into(),
+            alias: "db".into(),
         };
         Arc::new(Pool::new(key, size))
     }
@@ -399,6 +406,7 @@ mod tests {
             port: 5432,
             database: "db".into(),
             user: user.into(),
+            alias: "db".into(),
         };
         for i in 0..100 {
             pools.get(&key(&format!("made-up-{i}")), 4);
