@@ -730,33 +730,6 @@ async fn a_write_batched_after_a_rollback_invalidates() {
     .await;
 }
 
-/// The server of a write whose client left keeps its place in the pool until it has ended
-/// the write and closed: otherwise every abandoned write would let the pool open one more
-/// connection than `pool_size` while it runs.
-#[tokio::test]
-async fn a_write_its_client_left_running_keeps_its_place_in_the_pool() {
-    within(DEADLINE, async {
-        let (_pg, memo, direct) = setup(1).await;
-        let c = memo.client("postgres", "postgres").await;
-        let write = "UPDATE t SET v = 'left' WHERE id = 1 AND pg_sleep(2) IS NOT NULL -- left";
-        let mut r = raw::Raw::connect(memo.addr()).await;
-        r.exchange(&[raw::query(write)], 0).await;
-        testkit::assert_eventually(Duration::from_secs(10), "the write runs", || {
-            testkit::query_running(&direct, write)
-        })
-        .await;
-        drop(r);
-        let others = "SELECT count(*)::text FROM pg_stat_activity \
-                      WHERE query LIKE '%-- left' AND pid <> pg_backend_pid()";
-        assert_eq!(
-            first(&c, others).await.as_deref(),
-            Some("0"),
-            "a second server ran while the abandoned write held the pool's only place"
-        );
-    })
-    .await;
-}
-
 /// A client that leaves while its autocommit write runs: the server still commits it. The
 /// cache is invalidated at once and again once the server has ended the write, so reads
 /// stored while it ran do not outlive it.

@@ -191,18 +191,16 @@ impl Lease {
 
     /// Closes a connection that may still be running a client's statement once it has ended
     /// (see `ServerConn::close_after_running`), then runs `after`: what the statement may
-    /// have committed is known to be visible only then. The lease ends only once the
-    /// connection is closed: until then it is a backend of the pool, and another client
-    /// taking its place would make the pool exceed `pool_size`.
+    /// have committed is known to be visible only then.
     pub fn discard_after_running(
-        self,
+        mut self,
         conn: Box<ServerConn>,
         limit: std::time::Duration,
         after: impl FnOnce() + Send + 'static,
     ) {
+        self.discard_counted();
         tokio::spawn(async move {
             conn.close_after_running(limit).await;
-            drop(self);
             after();
         });
     }
