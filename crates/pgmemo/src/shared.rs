@@ -155,6 +155,10 @@ impl Shared {
         // memoized: new lists need new plans, and results stored under the old ones go.
         let lists_changed = new.cache_include_tables != old.cache_include_tables
             || new.cache_exclude_tables != old.cache_exclude_tables;
+        // A TTL is fixed on an entry when it is stored: entries stored under the old TTLs go,
+        // so that a TTL set (or shortened) to bound staleness binds every result from now on.
+        let ttls_changed =
+            new.cache_ttl != old.cache_ttl || new.cache_table_ttl != old.cache_table_ttl;
         let log_level = new.log_level.clone();
         self.userlist.store(Arc::new(userlist));
         self.client_tls.store(Arc::new(client_tls));
@@ -163,6 +167,9 @@ impl Shared {
         if lists_changed {
             self.cache.purge_all();
             tracing::info!("cache_include_tables or cache_exclude_tables changed: cache emptied");
+        } else if ttls_changed {
+            self.cache.purge_all();
+            tracing::info!("cache_ttl or cache_table_ttl changed: cache emptied");
         }
         let applier = self
             .log_applier

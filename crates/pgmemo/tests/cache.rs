@@ -1186,6 +1186,12 @@ async fn a_reload_excluding_a_table_stops_caching_it() {
 }
 
 #[tokio::test]
+async fn a_reload_changing_a_ttl_empties_the_cache() {
+    let (_pg, memo, direct) = setup().await;
+    cache_support::a_reload_changing_a_ttl_empties_the_cache(&memo, &direct).await;
+}
+
+#[tokio::test]
 async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
     let (_pg, memo, _direct) = setup().await;
     cache_support::writes_of_a_session_with_the_cache_off_still_invalidate(&memo).await;

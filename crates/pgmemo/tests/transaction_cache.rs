@@ -865,6 +865,15 @@ async fn a_reload_excluding_a_table_stops_caching_it() {
 }
 
 #[tokio::test]
+async fn a_reload_changing_a_ttl_empties_the_cache() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = setup(2).await;
+        cache_support::a_reload_changing_a_ttl_empties_the_cache(&memo, &direct).await;
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn writes_of_a_session_with_the_cache_off_still_invalidate() {
     within(DEADLINE, async {
         let (_pg, memo, _direct) = setup(2).await;

@@ -533,6 +533,36 @@ pub async fn a_reload_excluding_a_table_stops_caching_it(memo: &PgmemoInstance, 
     }
 }
 
+/// A reload that changes `cache_ttl` or `cache_table_ttl` empties the cache: a TTL is fixed
+/// on an entry when it is stored, and one set to bound the staleness of writes pgmemo does
+/// not see must bind the results stored before it too.
+pub async fn a_reload_changing_a_ttl_empties_the_cache(memo: &PgmemoInstance, direct: &Client) {
+    let reader = memo.client("postgres", "postgres").await;
+    reader
+        .batch_execute(
+            "CREATE TABLE ttl_later (id int PRIMARY KEY, v int);
+             INSERT INTO ttl_later VALUES (1, 0);",
+        )
+        .await
+        .unwrap();
+    let read = "SELECT v FROM ttl_later WHERE id = 1";
+    let bump = "UPDATE ttl_later SET v = v + 1 WHERE id = 1";
+    assert_eq!(first(&reader, read).await.as_deref(), Some("0"));
+    direct.simple_query(bump).await.unwrap();
+    assert_eq!(
+        first(&reader, read).await.as_deref(),
+        Some("0"),
+        "served from the cache (pgmemo did not see the write)"
+    );
+    let mut config = (**memo.handle().shared().config()).clone();
+    config.cache_table_ttl.insert(
+        "public.ttl_later".into(),
+        pgmemo::config::Seconds(std::time::Duration::from_secs(3600)),
+    );
+    memo.handle().reload(config).expect("reload");
+    assert_eq!(first(&reader, read).await.as_deref(), Some("1"));
+}
+
 /// `SET pgmemo.cache = off` stops a session's own reads from being served or stored, not the
 /// tracking of its writes: another session's cached result of a table it changes goes.
 pub async fn writes_of_a_session_with_the_cache_off_still_invalidate(memo: &PgmemoInstance) {
