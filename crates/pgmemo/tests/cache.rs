@@ -15,6 +15,32 @@ async fn setup() -> (TempPostgres, PgmemoInstance, Client) {
     setup_with(|_| {}).await
 }
 
+/// A portal runs the statement it was bound to, even after its statement's name was given
+/// to another text: the write of an UPDATE bound before the unnamed statement was parsed
+/// again still invalidates.
+#[tokio::test]
+async fn a_portal_bound_before_its_statement_was_replaced_runs_what_it_was_bound_to() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    let bind_p = raw::msg(b'B', b"p\0\0\0\0\0\0\0\0");
+    let execute_p = raw::msg(b'E', b"p\0\0\0\0\0");
+    let mut r = raw::Raw::connect(memo.addr()).await;
+    let (tags, _) = r
+        .round_trip(&[
+            raw::parse("UPDATE t SET v = 'rebound' WHERE id = 1", &[]),
+            bind_p,
+            raw::parse("SELECT 1", &[]),
+            execute_p,
+            raw::sync(),
+        ])
+        .await;
+    assert!(!tags.contains(&'E'), "{tags:?}");
+    assert_eq!(first(&c, q).await.as_deref(), Some("rebound"));
+}
+
 #[tokio::test]
 async fn repeated_read_is_cached_and_a_write_through_pgmemo_invalidates_it() {
     let (_pg, memo, direct) = setup().await;

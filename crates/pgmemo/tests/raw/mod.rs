@@ -13,7 +13,7 @@ pub struct Raw {
     buf: BytesMut,
 }
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+pub fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut m = vec![tag];
     m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
     m.extend_from_slice(body);

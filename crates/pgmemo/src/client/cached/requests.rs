@@ -21,7 +21,7 @@ use super::messages::{
     bind_has_time_word, bind_message, cacheable_shape, cstr, parse_message, scan_batch,
     session_switch, split_frames, Batch, BindMessage,
 };
-use super::session::{Confirmation, Confirmations};
+use super::session::{Confirmation, Confirmations, Statement};
 use super::{close_unnamed, Action, CacheSession, Capture, ClientWriter, Directive, Link};
 use crate::cache::flight::Flight;
 use crate::cache::plan::{Effects, Plan, Refusal, StatementChange};
@@ -63,12 +63,70 @@ pub(crate) struct Requests<'a> {
     pub session: &'a mut CacheSession,
 }
 
+/// What a Bind bound a portal to.
+#[derive(Clone)]
+struct BoundPortal {
+    statement: Bytes,
+    identity: Option<Bytes>,
+}
+
+/// What an Execute of a portal runs, as far as pgmemo knows: `None` when the statement that
+/// name stands for now is not the one bound (a Parse replaced it, a Close dropped it since),
+/// or pgmemo never knew it.
+fn portal_statement<'s>(
+    portals: &Map<Bytes, BoundPortal>,
+    statements: &'s Map<Bytes, Statement>,
+    portal: &[u8],
+) -> Option<(&'s Bytes, &'s Statement)> {
+    let bound = portals.get(portal)?;
+    let (name, st) = statements.get_key_value(bound.statement.as_ref())?;
+    (bound.identity.as_ref() == Some(&st.identity)).then_some((name, st))
+}
+
+/// Records that `portal` is bound to `statement` as pgmemo knows it now.
+fn record_bind(
+    statements: &Map<Bytes, Statement>,
+    portal: &[u8],
+    statement: &[u8],
+    pump: &mut Pump,
+) {
+    let identity = statements.get(statement).map(|s| s.identity.clone());
+    match pump.portals.get_mut(portal) {
+        Some(p) if p.statement[..] == *statement => p.identity = identity,
+        _ => {
+            pump.portals.insert(
+                Bytes::copy_from_slice(portal),
+                BoundPortal {
+                    statement: Bytes::copy_from_slice(statement),
+                    identity,
+                },
+            );
+        }
+    }
+}
+
+/// The effects of executing what pgmemo cannot name: anything may have been written,
+/// defined or set.
+fn unknown_effects() -> Effects {
+    Effects {
+        database_wide: true,
+        ddl: true,
+        settings: true,
+        hidden_settings: true,
+        snapshot: true,
+        ..Effects::default()
+    }
+}
+
 /// Per-pump bookkeeping that is not session state.
 #[derive(Default)]
 struct Pump {
     copy_left: usize,
     syncs_since_request: u64,
-    portals: Map<Bytes, Bytes>,
+    /// Portal name → the statement it was bound to: its name, and its identity at the Bind
+    /// (`None` when pgmemo knew no statement of that name). PostgreSQL keeps running what the
+    /// portal was bound to after its statement is replaced or closed.
+    portals: Map<Bytes, BoundPortal>,
     batch_effects: Effects,
     /// Confirmations of the Parses and Binds sent since the last request was noted.
     confirms: Confirmations,
@@ -724,16 +782,7 @@ impl Requests<'_> {
             b'B' => {
                 if let Some(b) = bind_message(body) {
                     self.bind_sent(b.statement, pump);
-                    if pump
-                        .portals
-                        .get(b.portal)
-                        .is_none_or(|s| s[..] != *b.statement)
-                    {
-                        pump.portals.insert(
-                            Bytes::copy_from_slice(b.portal),
-                            Bytes::copy_from_slice(b.statement),
-                        );
-                    }
+                    record_bind(&self.session.statements, b.portal, b.statement, pump);
                 }
             }
             b'E' if execute_effects => {
@@ -759,9 +808,8 @@ impl Requests<'_> {
     /// The current, complete plan of the statement bound to `portal`, if pgmemo has one.
     fn portal_plan(&self, portal: &[u8], pump: &Pump) -> Option<&Arc<Plan>> {
         let epoch = self.session.db.plans_epoch();
-        pump.portals
-            .get(portal)
-            .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
+        portal_statement(&pump.portals, &self.session.statements, portal)
+            .map(|(_, s)| s)
             .filter(|s| !s.in_doubt())
             .and_then(|s| s.plan.as_ref())
             .filter(|(_, e, p, _)| *e == epoch && p.complete)
@@ -788,11 +836,8 @@ impl Requests<'_> {
     /// a volatile function) and call no function, operator or cast, else assumed to write
     /// anything.
     fn effects_without_catalog(&self, portal: &[u8], pump: &Pump) -> Effects {
-        let text = pump
-            .portals
-            .get(portal)
-            .and_then(|stmt| self.session.statements.get(stmt.as_ref()))
-            .map(|s| s.text.clone());
+        let text = portal_statement(&pump.portals, &self.session.statements, portal)
+            .map(|(_, s)| s.text.clone());
         if let Some(text) = text {
             if let Some((plan, _)) = self.memoized_plan(&text) {
                 return plan.effects.clone();
@@ -813,11 +858,7 @@ impl Requests<'_> {
                 }
             }
         }
-        Effects {
-            database_wide: true,
-            settings: true,
-            ..Effects::default()
-        }
+        unknown_effects()
     }
 
     /// Routes a whole batch up to its Sync, sent at a boundary.
@@ -953,10 +994,17 @@ impl Requests<'_> {
                 continue;
             }
             let portal = cstr(&frame[5..]).map(|(p, _)| p).unwrap_or_default();
-            let Some(stmt_name) = pump.portals.get(portal).cloned() else {
+            let Some(stmt_name) = pump.portals.get(portal).map(|b| b.statement.clone()) else {
                 effects.merge(&self.effects_without_catalog(portal, pump));
                 continue;
             };
+            if portal_statement(&pump.portals, &self.session.statements, portal).is_none() {
+                // The portal runs a statement its name no longer stands for (replaced or
+                // closed since the Bind), or one pgmemo never knew.
+                self.shared.cache.stats.refused(Refusal::UnknownStatement);
+                effects.merge(&unknown_effects());
+                continue;
+            }
             let ctx_id = self.trusted_context_id();
             let epoch = self.session.db.plans_epoch();
             let known = match self.session.statements.get(stmt_name.as_ref()) {
@@ -1100,14 +1148,7 @@ impl Requests<'_> {
         if !plan.effects.is_empty() || !plan.statements.is_empty() {
             return None;
         }
-        if pump
-            .portals
-            .get(&b""[..])
-            .is_none_or(|st| st[..] != *bind.statement)
-        {
-            pump.portals
-                .insert(Bytes::new(), Bytes::copy_from_slice(bind.statement));
-        }
+        record_bind(&self.session.statements, b"", bind.statement, pump);
         pump.batch_effects = Effects::default();
         pump.syncs_since_request = 1;
         self.bind_sent(bind.statement, pump);
