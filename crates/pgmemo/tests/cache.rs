@@ -41,6 +41,26 @@ async fn a_portal_bound_before_its_statement_was_replaced_runs_what_it_was_bound
     assert_eq!(first(&c, q).await.as_deref(), Some("rebound"));
 }
 
+/// A parameter declared `unknown` (OID 705) is resolved by the server as one left
+/// unspecified (0): a hit answers the batch's Describe with the server's types, not with the
+/// declared ones.
+#[tokio::test]
+async fn a_hit_describes_unknown_parameters_as_the_server_resolved_them() {
+    let (_pg, memo, _direct) = setup().await;
+    let mut r = raw::Raw::connect(memo.addr()).await;
+    let batch = [
+        raw::parse("SELECT v FROM t WHERE v = $1", &[705]),
+        raw::bind(&["one"]),
+        raw::describe_statement(),
+        raw::execute(),
+        raw::sync(),
+    ];
+    let first = r.round_trip_bytes(&batch).await;
+    for _ in 0..2 {
+        assert_eq!(r.round_trip_bytes(&batch).await, first);
+    }
+}
+
 #[tokio::test]
 async fn repeated_read_is_cached_and_a_write_through_pgmemo_invalidates_it() {
     let (_pg, memo, direct) = setup().await;

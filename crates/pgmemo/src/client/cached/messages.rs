@@ -222,8 +222,12 @@ pub(crate) fn cacheable_shape(
 }
 
 /// The Describe of the statement `p` parses (in `bytes`), when pgmemo can answer it: the
-/// unnamed statement, with a type (not 0, left to the server) for each value the Bind
-/// carries, so that the server's ParameterDescription lists exactly these types.
+/// unnamed statement, with a type for each value the Bind carries, none of them one the
+/// server resolves itself (0, unspecified, or 705, `unknown`), so that the server's
+/// ParameterDescription lists exactly these types.
+/// `unknown`: a parameter of this type is resolved by the server as one of type 0.
+const UNKNOWN_OID: u32 = 705;
+
 #[cold]
 fn statement_described(
     bytes: &[u8],
@@ -236,7 +240,9 @@ fn statement_described(
     let typed = p.name.is_empty()
         && count == counts.params
         && oids.len() == 4 * count
-        && oids.chunks_exact(4).all(|oid| oid != [0, 0, 0, 0]);
+        && oids
+            .chunks_exact(4)
+            .all(|oid| oid != [0, 0, 0, 0] && oid != UNKNOWN_OID.to_be_bytes());
     typed.then(|| BatchDescribe::Statement {
         types: range_in(bytes, p.param_types),
         formats: range_in(bytes, counts.result_formats),
