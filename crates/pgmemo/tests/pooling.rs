@@ -970,7 +970,7 @@ async fn a_connection_with_unconsumed_server_bytes_is_not_pooled() {
         alias: DB.into(),
     };
     let pools = Pools::default();
-    let pool = pools.get(&key, 1);
+    let pool = pools.get(&key, 1, 0);
     let settings = pgmemo::pool::PoolSettings {
         server_lifetime: Duration::from_secs(3600),
         server_idle_timeout: Duration::from_secs(600),

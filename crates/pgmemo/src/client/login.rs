@@ -129,11 +129,13 @@ pub async fn login(
     shared: &Arc<Shared>,
     startup: &StartupMessage,
 ) -> Result<(Route, Lease, Box<ServerConn>), ClientError> {
+    let generation = shared.config_generation();
     let config = shared.config();
     let mut route = Route::resolve(&config, startup);
     let pool = shared.pools.get(
         &route.key,
         config.pool_size_for(&route.client_database, &route.key.user),
+        generation,
     );
     let settings = pool_settings(&config);
     let wait = config.query_wait_timeout.0;

@@ -328,7 +328,7 @@ mod tests {
             user: "alice".into(),
             alias: "we\"ird\\db\nname".into(),
         };
-        shared.pools.get(&key, 7);
+        shared.pools.get(&key, 7, 0);
         Stats::bump(&shared.stats.clients_accepted);
         for micros in [0, 0, 1_250_000] {
             shared.cache.stats.count_hit(micros);

@@ -80,15 +80,17 @@ pub struct Pools {
 
 impl Pools {
     /// The pool for `key`, created on first use; its size follows `size` on every call so that
-    /// a reloaded `pool_size` takes effect.
-    pub fn get(&self, key: &PoolKey, size: usize) -> Arc<Pool> {
+    /// a reloaded `pool_size` takes effect. `generation` is `Shared::config_generation` read
+    /// before the configuration `size` comes from: a size from an older configuration than
+    /// the pool's (a login that read it just before a reload) is ignored.
+    pub fn get(&self, key: &PoolKey, size: usize, generation: u64) -> Arc<Pool> {
         let pool = {
             let mut map = self.pools.lock().unwrap_or_else(|e| e.into_inner());
             map.entry(key.clone())
                 .or_insert_with(|| Arc::new(Pool::new(key.clone(), size)))
                 .clone()
         };
-        pool.resize(size);
+        pool.resize_from(size, generation);
         pool
     }
 
@@ -155,6 +157,9 @@ pub struct Pool {
     /// Clients queued for a place now (SHOW POOLS): a pool that is too small shows here
     /// before any wait times out.
     waiting: AtomicUsize,
+    /// The configuration generation the size was last set from; held while resizing so
+    /// that sizes from two configurations are applied in generation order.
+    sized_in: Mutex<u64>,
 }
 
 /// Counts a client in `Pool::waiting` while it queues.
@@ -186,6 +191,7 @@ impl Pool {
             }),
             trust_known: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
+            sized_in: Mutex::new(0),
         }
     }
 
@@ -196,6 +202,16 @@ impl Pool {
     /// The pool's identity.
     pub fn key(&self) -> &PoolKey {
         &self.key
+    }
+
+    /// Resizes to `size` unless the pool was sized from a newer configuration.
+    fn resize_from(&self, size: usize, generation: u64) {
+        let mut sized_in = self.sized_in.lock().unwrap_or_else(|e| e.into_inner());
+        if generation < *sized_in {
+            return;
+        }
+        *sized_in = generation;
+        self.resize(size);
     }
 
     fn resize(&self, size: usize) {
@@ -399,6 +415,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_size_from_an_older_configuration_does_not_undo_a_newer_one() {
+        let pools = Pools::default();
+        let key = PoolKey {
+            host: "127.0.0.1".into(),
+            port: 5432,
+            database: "db".into(),
+            user: "u".into(),
+            alias: "db".into(),
+        };
+        assert_eq!(pools.get(&key, 4, 1).size(), 4);
+        // A reload (generation 2) shrinks it; a login that read generation 1 comes after.
+        assert_eq!(pools.get(&key, 2, 2).size(), 2);
+        assert_eq!(pools.get(&key, 4, 1).size(), 2, "the older size is ignored");
+        assert_eq!(pools.get(&key, 6, 3).size(), 6);
+    }
+
+    #[tokio::test]
     async fn pools_nobody_uses_are_forgotten() {
         let pools = Pools::default();
         let key = |user: &str| PoolKey {
@@ -409,9 +442,9 @@ mod tests {
             alias: "db".into(),
         };
         for i in 0..100 {
-            pools.get(&key(&format!("made-up-{i}")), 4);
+            pools.get(&key(&format!("made-up-{i}")), 4, 0);
         }
-        let held = pools.get(&key("app"), 4);
+        let held = pools.get(&key("app"), 4, 0);
         let lease = held.try_acquire().unwrap().unwrap();
         drop(held);
         pools.forget_unused();

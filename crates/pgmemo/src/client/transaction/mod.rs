@@ -474,6 +474,7 @@ impl Checkout {
         let pool = shared.pools.get(
             &route.key,
             config.pool_size_for(&route.client_database, &route.key.user),
+            generation,
         );
         Checkout {
             generation,
