@@ -387,15 +387,18 @@ impl Pool {
 mod tests {
     use super::*;
 
-    fn pool(size: usize) -> Arc<Pool> {
-        let key = PoolKey {
+    fn key(user: &str) -> PoolKey {
+        PoolKey {
             host: "127.0.0.1".into(),
             port: 5432,
             database: "db".into(),
-            user: "u".into(),
+            user: user.into(),
             alias: "db".into(),
-        };
-        Arc::new(Pool::new(key, size))
+        }
+    }
+
+    fn pool(size: usize) -> Arc<Pool> {
+        Arc::new(Pool::new(key("u"), size))
     }
 
     #[tokio::test]
@@ -417,13 +420,7 @@ mod tests {
     #[tokio::test]
     async fn a_size_from_an_older_configuration_does_not_undo_a_newer_one() {
         let pools = Pools::default();
-        let key = PoolKey {
-            host: "127.0.0.1".into(),
-            port: 5432,
-            database: "db".into(),
-            user: "u".into(),
-            alias: "db".into(),
-        };
+        let key = key("u");
         assert_eq!(pools.get(&key, 4, 1).size(), 4);
         // A reload (generation 2) shrinks it; a login that read generation 1 comes after.
         assert_eq!(pools.get(&key, 2, 2).size(), 2);
@@ -434,13 +431,6 @@ mod tests {
     #[tokio::test]
     async fn pools_nobody_uses_are_forgotten() {
         let pools = Pools::default();
-        let key = |user: &str| PoolKey {
-            host: "127.0.0.1".into(),
-            port: 5432,
-            database: "db".into(),
-            user: user.into(),
-            alias: "db".into(),
-        };
         for i in 0..100 {
             pools.get(&key(&format!("made-up-{i}")), 4, 0);
         }

@@ -504,24 +504,8 @@ pub async fn a_reload_turning_a_database_off_stops_running_sessions(
 /// lists). `memo` runs with the cache on and without a replication feed; `direct` is a
 /// connection to the server that pgmemo does not see.
 pub async fn a_reload_excluding_a_table_stops_caching_it(memo: &PgmemoInstance, direct: &Client) {
-    let reader = memo.client("postgres", "postgres").await;
-    reader
-        .batch_execute(
-            "CREATE TABLE excluded_later (id int PRIMARY KEY, v int);
-             INSERT INTO excluded_later VALUES (1, 0);",
-        )
-        .await
-        .unwrap();
-    let read = "SELECT v FROM excluded_later WHERE id = 1";
-    let bump = "UPDATE excluded_later SET v = v + 1 WHERE id = 1";
-    assert_eq!(first(&reader, read).await.as_deref(), Some("0"));
-    direct.simple_query(bump).await.unwrap();
-    assert_eq!(
-        first(&reader, read).await.as_deref(),
-        Some("0"),
-        "served from the cache (pgmemo did not see the write)"
-    );
-
+    let (reader, read, bump) = stale_cached_read(memo, direct, "excluded_later").await;
+    let (read, bump) = (read.as_str(), bump.as_str());
     let mut config = (**memo.handle().shared().config()).clone();
     config.cache_exclude_tables = vec!["public.excluded_later".into()];
     memo.handle().reload(config).expect("reload");
@@ -537,30 +521,42 @@ pub async fn a_reload_excluding_a_table_stops_caching_it(memo: &PgmemoInstance, 
 /// on an entry when it is stored, and one set to bound the staleness of writes pgmemo does
 /// not see must bind the results stored before it too.
 pub async fn a_reload_changing_a_ttl_empties_the_cache(memo: &PgmemoInstance, direct: &Client) {
-    let reader = memo.client("postgres", "postgres").await;
-    reader
-        .batch_execute(
-            "CREATE TABLE ttl_later (id int PRIMARY KEY, v int);
-             INSERT INTO ttl_later VALUES (1, 0);",
-        )
-        .await
-        .unwrap();
-    let read = "SELECT v FROM ttl_later WHERE id = 1";
-    let bump = "UPDATE ttl_later SET v = v + 1 WHERE id = 1";
-    assert_eq!(first(&reader, read).await.as_deref(), Some("0"));
-    direct.simple_query(bump).await.unwrap();
-    assert_eq!(
-        first(&reader, read).await.as_deref(),
-        Some("0"),
-        "served from the cache (pgmemo did not see the write)"
-    );
+    let (reader, read, _) = stale_cached_read(memo, direct, "ttl_later").await;
     let mut config = (**memo.handle().shared().config()).clone();
     config.cache_table_ttl.insert(
         "public.ttl_later".into(),
         pgmemo::config::Seconds(std::time::Duration::from_secs(3600)),
     );
     memo.handle().reload(config).expect("reload");
-    assert_eq!(first(&reader, read).await.as_deref(), Some("1"));
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("1"));
+}
+
+/// A new table `table` whose row `id = 1` pgmemo serves from its cache as `v = 0` after a
+/// write it did not see (made through `direct`) set it to 1: the reading client, the read
+/// and the write that bumps `v`.
+async fn stale_cached_read(
+    memo: &PgmemoInstance,
+    direct: &Client,
+    table: &str,
+) -> (Client, String, String) {
+    let reader = memo.client("postgres", "postgres").await;
+    reader
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v int);
+             INSERT INTO {table} VALUES (1, 0);"
+        ))
+        .await
+        .unwrap();
+    let read = format!("SELECT v FROM {table} WHERE id = 1");
+    let bump = format!("UPDATE {table} SET v = v + 1 WHERE id = 1");
+    assert_eq!(first(&reader, &read).await.as_deref(), Some("0"));
+    direct.simple_query(&bump).await.unwrap();
+    assert_eq!(
+        first(&reader, &read).await.as_deref(),
+        Some("0"),
+        "served from the cache (pgmemo did not see the write)"
+    );
+    (reader, read, bump)
 }
 
 /// `SET pgmemo.cache = off` stops a session's own reads from being served or stored, not the

@@ -83,28 +83,6 @@ fn portal_statement<'s>(
     (bound.identity.as_ref() == Some(&st.identity)).then_some((name, st))
 }
 
-/// Records that `portal` is bound to `statement` as pgmemo knows it now.
-fn record_bind(
-    statements: &Map<Bytes, Statement>,
-    portal: &[u8],
-    statement: &[u8],
-    pump: &mut Pump,
-) {
-    let identity = statements.get(statement).map(|s| s.identity.clone());
-    match pump.portals.get_mut(portal) {
-        Some(p) if p.statement[..] == *statement => p.identity = identity,
-        _ => {
-            pump.portals.insert(
-                Bytes::copy_from_slice(portal),
-                BoundPortal {
-                    statement: Bytes::copy_from_slice(statement),
-                    identity,
-                },
-            );
-        }
-    }
-}
-
 /// The effects of executing what pgmemo cannot name: anything may have been written,
 /// defined or set.
 fn unknown_effects() -> Effects {
@@ -731,14 +709,29 @@ impl Requests<'_> {
         }
     }
 
-    /// A Bind of `statement` goes to the server: its BindComplete confirms the statement in
-    /// today's plans epoch (see `session::Confirmed`).
-    fn bind_sent(&self, statement: &[u8], pump: &mut Pump) {
-        if let Some(st) = self.session.statements.get(statement) {
+    /// A Bind of `portal` to `statement` goes to the server: its BindComplete confirms the
+    /// statement in today's plans epoch (see `session::Confirmed`), and the portal runs the
+    /// statement as pgmemo knows it now, whatever later takes its name.
+    fn bind_sent(&self, portal: &[u8], statement: &[u8], pump: &mut Pump) {
+        let st = self.session.statements.get(statement);
+        if let Some(st) = st {
             let epoch = self.session.db.plans_epoch();
             pump.confirms
                 .binds
                 .push(Confirmation::new(&st.confirmed, epoch));
+        }
+        let identity = st.map(|s| s.identity.clone());
+        match pump.portals.get_mut(portal) {
+            Some(p) if p.statement[..] == *statement => p.identity = identity,
+            _ => {
+                pump.portals.insert(
+                    Bytes::copy_from_slice(portal),
+                    BoundPortal {
+                        statement: Bytes::copy_from_slice(statement),
+                        identity,
+                    },
+                );
+            }
         }
     }
 
@@ -781,8 +774,7 @@ impl Requests<'_> {
             }
             b'B' => {
                 if let Some(b) = bind_message(body) {
-                    self.bind_sent(b.statement, pump);
-                    record_bind(&self.session.statements, b.portal, b.statement, pump);
+                    self.bind_sent(b.portal, b.statement, pump);
                 }
             }
             b'E' if execute_effects => {
@@ -1148,10 +1140,9 @@ impl Requests<'_> {
         if !plan.effects.is_empty() || !plan.statements.is_empty() {
             return None;
         }
-        record_bind(&self.session.statements, b"", bind.statement, pump);
         pump.batch_effects = Effects::default();
         pump.syncs_since_request = 1;
-        self.bind_sent(bind.statement, pump);
+        self.bind_sent(b"", bind.statement, pump);
         let refused = refusal(plan, Ok(()), time_literal).and_then(|()| {
             if bind_has_time_word(bind) {
                 Err(Refusal::TimeLiteral)
