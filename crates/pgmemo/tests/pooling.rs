@@ -925,6 +925,71 @@ async fn a_reloaded_smaller_pool_size_holds_once_busy_leases_end() {
     pgmemo.shutdown().await;
 }
 
+/// A reload that shrinks `pool_size` closes the connections over the new size: idle ones at
+/// the pool's next login, busy ones when their clients give them back (in both pooling
+/// modes), instead of keeping them open until `server_idle_timeout`.
+#[tokio::test]
+async fn a_reloaded_smaller_pool_size_closes_the_connections_over_it() {
+    use pgmemo::config::PoolMode;
+    let direct = LocalPostgres.client(USER, DB).await;
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let pgmemo = local_pgmemo(4, |c| {
+            c.pool_mode = mode;
+            c.query_wait_timeout = seconds(Duration::from_millis(500));
+        })
+        .await;
+        let pool_counts = || pgmemo.handle().shared().pools.all()[0].counts();
+        // Four servers, two of them left idle and two held by clients in a transaction.
+        let mut clients = Vec::new();
+        let mut pids = Vec::new();
+        for _ in 0..4 {
+            let c = pgmemo.client(USER, DB).await;
+            c.batch_execute("BEGIN").await.unwrap();
+            pids.push(backend_pid(&c).await);
+            clients.push(c);
+        }
+        let busy: Vec<Client> = clients.drain(2..).collect();
+        for c in &clients {
+            c.batch_execute("COMMIT").await.unwrap();
+        }
+        drop(clients);
+        assert_eventually(SOON, "two servers idle", || async {
+            pool_counts() == (2, 4)
+        })
+        .await;
+
+        let mut config = (**pgmemo.handle().shared().config()).clone();
+        config.pool_size = 1;
+        pgmemo.handle().reload(config).unwrap();
+        // A login applies the new size: both idle servers are over it. (In session pooling
+        // the login then waits for a place, which the two busy clients hold, and times out.)
+        let newcomer = pgmemo.try_client(USER, DB).await;
+        assert_eventually(SOON, "the idle servers closed", || async {
+            !backend_exists(&direct, pids[0]).await && !backend_exists(&direct, pids[1]).await
+        })
+        .await;
+        drop(newcomer);
+        // The busy ones: the first given back is over the size, the second is kept.
+        for c in &busy {
+            c.batch_execute("COMMIT").await.unwrap();
+        }
+        drop(busy);
+        assert_eventually(SOON, "one server left, idle", || async {
+            pool_counts() == (1, 1)
+        })
+        .await;
+        assert_eventually(SOON, "its backend the only one left", || async {
+            let left = [
+                backend_exists(&direct, pids[2]).await,
+                backend_exists(&direct, pids[3]).await,
+            ];
+            left.iter().filter(|&&b| b).count() == 1
+        })
+        .await;
+        pgmemo.shutdown().await;
+    }
+}
+
 /// An upstream that accepts connections and then says nothing does not hold a client's login
 /// longer than `server_connect_timeout` (which covers the server's answers to the startup
 /// message, not only the TCP connect): the client gets a connection error (08006).

@@ -153,7 +153,10 @@ impl Lease {
                 Some(mut conn) => {
                     conn.last_used = Tick::now();
                     conn.set_state(super::ServerState::Idle, conn.last_used);
-                    pool.state().idle.push_back(conn);
+                    let surplus = pool.state().keep(conn, pool.size());
+                    if let Some(conn) = surplus {
+                        tokio::spawn(conn.close());
+                    }
                 }
                 None => {
                     pool.state().total -= 1;
@@ -177,7 +180,10 @@ impl Lease {
         conn.last_used = Tick::now();
         conn.set_state(super::ServerState::Idle, conn.last_used);
         self.counted = false;
-        self.pool.state().idle.push_back(conn);
+        let surplus = self.pool.state().keep(conn, self.pool.size());
+        if let Some(conn) = surplus {
+            tokio::spawn(conn.close());
+        }
         if let Some(permit) = self.permit.take() {
             self.pool.give_back(permit);
         }

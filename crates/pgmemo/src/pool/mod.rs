@@ -141,6 +141,20 @@ struct PoolState {
     total: usize,
 }
 
+impl PoolState {
+    /// Takes a connection given back in good state: it becomes idle, unless the pool holds
+    /// more than `size` connections (its size was reloaded smaller), in which case it is no
+    /// longer counted and is returned to be closed.
+    fn keep(&mut self, conn: Box<ServerConn>, size: usize) -> Option<Box<ServerConn>> {
+        if self.total > size {
+            self.total -= 1;
+            return Some(conn);
+        }
+        self.idle.push_back(conn);
+        None
+    }
+}
+
 /// Connections to one (server, database, user).
 pub struct Pool {
     key: PoolKey,
@@ -234,6 +248,17 @@ impl Pool {
                 self.shrink_debt
                     .fetch_add(old - size - removed, Ordering::AcqRel);
                 tracing::debug!(pool = ?self.key, "pool shrinks as leases end");
+            }
+            // Idle connections over the new size are closed now; busy ones as they come back
+            // (`PoolState::keep`), rather than lingering until `server_idle_timeout`.
+            let surplus: Vec<_> = {
+                let mut st = self.state();
+                let over = st.total.saturating_sub(size).min(st.idle.len());
+                st.total -= over;
+                st.idle.drain(..over).collect()
+            };
+            for conn in surplus {
+                tokio::spawn(conn.close());
             }
         }
     }
