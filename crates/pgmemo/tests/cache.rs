@@ -1431,6 +1431,40 @@ async fn a_view_calling_a_volatile_function_counts_as_a_write() {
     );
 }
 
+/// A view defined with `FOR UPDATE` locks the rows a read of it returns, and one that casts a
+/// special time word at run time (`'today'::text::date`) reads the clock: neither read is
+/// answered from memory, which would skip the lock or freeze the date.
+#[tokio::test]
+async fn views_that_lock_rows_or_read_the_clock_are_not_cached() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE VIEW locked AS SELECT * FROM t FOR UPDATE;
+         CREATE VIEW dated AS SELECT id, 'today'::text::date AS day FROM t;",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let lock = "SELECT v FROM locked WHERE id = 1";
+    let day = "SELECT day FROM dated WHERE id = 1";
+    for q in [lock, day, lock, day] {
+        first(&c, q).await;
+    }
+    for (q, reason) in [(lock, "locking_clause"), (day, "stable_function")] {
+        let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {q}")).await;
+        assert_eq!(explained[0][3].as_deref(), Some("no"), "{explained:?}");
+        assert_eq!(explained[0][4].as_deref(), Some(reason), "{explained:?}");
+    }
+    // The read inside a block takes its row lock: a direct write waits for it.
+    c.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(first(&c, lock).await.as_deref(), Some("one"));
+    let e = direct
+        .batch_execute("SET lock_timeout = '200ms'; UPDATE t SET v = 'x' WHERE id = 1")
+        .await
+        .expect_err("the row is locked by the read through the view");
+    assert_eq!(e.code().map(|c| c.code()), Some("55P03"), "{e:?}");
+    direct.batch_execute("RESET lock_timeout").await.unwrap();
+    c.batch_execute("ROLLBACK").await.unwrap();
+}
+
 /// `SELECT ... INTO` creates a table as `CREATE TABLE AS` does: rows read in its block are
 /// not stored (the block wrote), and names it shadows are looked up again.
 #[tokio::test]

@@ -359,9 +359,12 @@ fn continues_on_next_line(rest: &[u8]) -> bool {
 /// (`'00:00 tomorrow'` is midnight tonight), ignoring case. Such input makes an otherwise
 /// immutable statement's result change with time.
 pub fn has_time_word(value: &[u8]) -> bool {
-    // Date/time input holds only these (PostgreSQL's lexer refuses anything else), so a
-    // value with another character (`'now''s'`) is no such input.
-    let date_char = |c: &u8| c.is_ascii_alphanumeric() || b" \t\r\n-:./+,_".contains(c);
+    // PostgreSQL's date/time lexer takes letters, digits and blanks, and skips any other
+    // ASCII punctuation as a field separator (`'(today)'`, `'"now"'`); so do the element
+    // and bound parsers of arrays and ranges around it (`'{now}'::timestamptz[]`,
+    // `'[today,)'::daterange`). Anything else (a non-ASCII letter) makes it refuse the input.
+    let date_char =
+        |c: &u8| c.is_ascii_alphanumeric() || c.is_ascii_whitespace() || c.is_ascii_punctuation();
     if !value.iter().all(date_char)
         || value.iter().filter(|c| c.is_ascii_alphanumeric()).count() > MAX_DATE_INPUT
     {
@@ -520,6 +523,16 @@ mod tests {
         assert!(!shape("select 'nowhere'", true).time_literal);
         assert!(shape("select '00:00 tomorrow'::timestamptz", true).time_literal);
         assert!(shape("select '2024-01-01 today'::date", true).time_literal);
+        // Punctuation separates fields; arrays and ranges hold date/time input too.
+        assert!(shape("select '[today,tomorrow)'::daterange", true).time_literal);
+        assert!(shape("select '{now}'::timestamptz[]", true).time_literal);
+        assert!(shape("select '\"now\"'::timestamptz", true).time_literal);
+        assert!(shape("select '(today)'::date", true).time_literal);
+        assert!(has_time_word(b"#today!"));
+        assert!(
+            !has_time_word("tod\u{e4}y now".as_bytes()),
+            "not date/time input"
+        );
     }
 
     #[test]

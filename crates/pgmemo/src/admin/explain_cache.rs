@@ -53,6 +53,7 @@ pub fn explain_cache(shared: &Shared, sql: &str) -> Table {
                         names: &names,
                         view_function_volatility: None,
                         view_functions_may_change_settings: false,
+                        view_locking: false,
                         hints: &h,
                         excluded: &no_exclusions,
                     },

@@ -294,6 +294,9 @@ pub struct Inputs<'a> {
     pub view_function_volatility: Option<u8>,
     /// Whether a function a view calls may change the session's settings.
     pub view_functions_may_change_settings: bool,
+    /// A view read holds a row-locking clause (`CREATE VIEW v AS ... FOR UPDATE`): reading it
+    /// locks rows, which a result served from memory would not.
+    pub view_locking: bool,
     pub hints: &'a Hints,
     /// Tables (`schema.name`) never cached.
     pub excluded: &'a dyn Fn(&str, &str) -> bool,
@@ -595,7 +598,7 @@ fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal
     if s.data_modifying_cte {
         return Err(Refusal::DataModifyingCte);
     }
-    if s.locking {
+    if s.locking || inputs.view_locking {
         return Err(Refusal::Locking);
     }
     if s.tablesample {

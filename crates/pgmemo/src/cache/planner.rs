@@ -107,15 +107,11 @@ pub async fn plan<C: Catalog>(
     };
     let names = plan::names_to_look_up(&analysis.statements);
     let mut facts: Option<Facts> = None;
-    let mut view_volatility = None;
-    let mut view_may_change_settings = false;
+    let mut views = None;
     if let Some(catalog) = catalog.filter(|_| plan::needs_catalog(&analysis.statements)) {
         facts = look_up(p, catalog, &names).await?;
         if let Some(f) = &facts {
-            if let Some((v, settings)) = view_function_volatility(p, catalog, f).await? {
-                view_volatility = Some(v);
-                view_may_change_settings = settings;
-            }
+            views = view_facts(p, catalog, f).await?;
         }
     }
     let hints = plan::hints(&shape.hints);
@@ -123,8 +119,9 @@ pub async fn plan<C: Catalog>(
     let inputs = plan::Inputs {
         facts: facts.as_ref(),
         names: &names,
-        view_function_volatility: view_volatility,
-        view_functions_may_change_settings: view_may_change_settings,
+        view_function_volatility: views.as_ref().map(|v| v.volatility),
+        view_functions_may_change_settings: views.as_ref().is_some_and(|v| v.may_change_settings),
+        view_locking: views.as_ref().is_some_and(|v| v.locking),
         hints: &hints,
         excluded: &excluded,
     };
@@ -198,18 +195,36 @@ async fn look_up<C: Catalog>(
     Ok(rows.and_then(|rows| catalog::parse_facts(&rows).ok()))
 }
 
-/// The worst volatility of the functions (user-defined operators and casts included) the views among `facts`
-/// call: `b'?'` when a function cannot be resolved, `None` when no view is involved. With it,
-/// whether one of them may change the session's settings (unknown ones may).
-async fn view_function_volatility<C: Catalog>(
+/// What reading the views among `facts` does besides reading their tables, found from their
+/// definitions.
+struct ViewFacts {
+    /// The worst volatility of the functions (user-defined operators and casts included) the
+    /// views call: `b'?'` when a function cannot be resolved.
+    volatility: u8,
+    /// Whether one of those functions may change the session's settings (unknown ones may).
+    may_change_settings: bool,
+    /// A view's definition holds a row-locking clause (`FOR UPDATE`, `FOR SHARE`, ...).
+    locking: bool,
+}
+
+/// [`ViewFacts`] of the views among `facts`; `None` when no view is involved.
+async fn view_facts<C: Catalog>(
     p: &Planning<'_>,
     catalog: &mut C,
     facts: &Facts,
-) -> Result<Option<(u8, bool)>, C::Error> {
+) -> Result<Option<ViewFacts>, C::Error> {
+    let unknown = ViewFacts {
+        volatility: b'?',
+        may_change_settings: true,
+        locking: false,
+    };
     let mut names = plan::LookupNames::default();
     let mut any_view = false;
+    let mut locking = false;
     // A view reading the clock or sampling its table gives another answer each time but
-    // writes nothing: as a stable function would.
+    // writes nothing: as a stable function would. So does one whose text casts a special
+    // time word at run time (`'today'::text::date`; a `'today'::date` literal was fixed
+    // when the view was created).
     let mut floor = b'i';
     for def in facts
         .relations
@@ -222,32 +237,38 @@ async fn view_function_volatility<C: Catalog>(
                 if a.statements
                     .iter()
                     .any(|s| s.tablesample || s.sql_value_functions.iter().any(|f| f.is_time()))
+                    || sql::shape(def, true).time_literal
                 {
                     floor = plan::worse(floor, b's');
                 }
+                locking |= a.statements.iter().any(|s| s.locking);
                 let found = plan::names_to_look_up(&a.statements);
                 names.functions.extend(found.functions);
                 names.operators.extend(found.operators);
                 names.casts.extend(found.casts);
             }
-            Err(_) => return Ok(Some((b'?', true))),
+            Err(_) => return Ok(Some(unknown)),
         }
     }
     if !any_view {
         return Ok(None);
     }
     if names.functions.is_empty() && names.operators.is_empty() && names.casts.is_empty() {
-        return Ok(Some((floor, false)));
+        return Ok(Some(ViewFacts {
+            volatility: floor,
+            may_change_settings: false,
+            locking,
+        }));
     }
     for list in [&mut names.functions, &mut names.operators, &mut names.casts] {
         list.sort();
         list.dedup();
     }
     let Some(f) = look_up(p, catalog, &names).await? else {
-        return Ok(Some((b'?', true)));
+        return Ok(Some(ViewFacts { locking, ..unknown }));
     };
     if (0..names.functions.len()).any(|i| !f.functions.iter().any(|p| p.name_index == i)) {
-        return Ok(Some((b'?', true)));
+        return Ok(Some(ViewFacts { locking, ..unknown }));
     }
     let worst = f
         .functions
@@ -262,7 +283,11 @@ async fn view_function_volatility<C: Catalog>(
             .iter()
             .chain(&f.casts)
             .any(|p| p.volatility == b'v');
-    Ok(Some((worst, settings)))
+    Ok(Some(ViewFacts {
+        volatility: worst,
+        may_change_settings: settings,
+        locking,
+    }))
 }
 
 #[cfg(test)]
