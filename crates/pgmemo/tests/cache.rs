@@ -1465,6 +1465,48 @@ async fn views_that_lock_rows_or_read_the_clock_are_not_cached() {
     c.batch_execute("ROLLBACK").await.unwrap();
 }
 
+/// A call that leaves out a parameter runs its default: an IMMUTABLE function whose default
+/// takes a sequence's next value, or casts a time word at run time, gives a new answer each
+/// call, while one whose default is a constant expression stays cacheable.
+#[tokio::test]
+async fn parameter_defaults_count_toward_a_functions_volatility() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE SEQUENCE tickets;
+         CREATE FUNCTION ticket(n bigint DEFAULT nextval('tickets')) RETURNS bigint
+           IMMUTABLE LANGUAGE sql AS 'SELECT $1';
+         CREATE FUNCTION day_of(d date DEFAULT 'today'::text::date) RETURNS date
+           IMMUTABLE LANGUAGE sql AS 'SELECT $1';
+         CREATE FUNCTION plus(n int DEFAULT 1 + 2) RETURNS int
+           IMMUTABLE LANGUAGE sql AS 'SELECT $1 + 1';",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(first(&c, "SELECT ticket()").await);
+    }
+    assert_eq!(
+        got,
+        [Some("1".into()), Some("2".into()), Some("3".into())],
+        "every call takes a number"
+    );
+    for (q, cacheable, reason) in [
+        ("SELECT day_of()", "no", Some("stable_function")),
+        ("SELECT plus()", "yes", None),
+    ] {
+        first(&c, q).await;
+        first(&c, q).await;
+        let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {q}")).await;
+        assert_eq!(
+            explained[0][3].as_deref(),
+            Some(cacheable),
+            "{q}: {explained:?}"
+        );
+        assert_eq!(explained[0][4].as_deref(), reason, "{q}: {explained:?}");
+    }
+}
+
 /// `SELECT ... INTO` creates a table as `CREATE TABLE AS` does: rows read in its block are
 /// not stored (the block wrote), and names it shadows are looked up again.
 #[tokio::test]

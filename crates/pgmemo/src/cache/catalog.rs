@@ -175,6 +175,12 @@ pub fn lookup_query(
 /// Runs in the client's session, under its search_path, which may list the client's own
 /// schemas before pg_catalog: every function, operator and type is named with its schema
 /// (`OPERATOR(pg_catalog.=)`), so none of the client's can stand in for it.
+///
+/// A function's volatility (`'p'` rows) is the worst of its own and that of the functions
+/// and operators its parameter defaults call: a call that leaves a parameter out runs its
+/// default (`n bigint DEFAULT nextval('s')` in an IMMUTABLE function). They are read from
+/// the stored expression, as `pg_depend` records no dependency on built-in functions; a
+/// conversion through text there (`'today'::text::date`) counts as stable.
 const LOOKUP_BODY: &str = r#"),
 roots AS (SELECT i, rel, nsp, pg_catalog.to_regclass(CASE WHEN nsp IS NULL THEN pg_catalog.quote_ident(rel) ELSE pg_catalog.textcat(pg_catalog.textcat(pg_catalog.quote_ident(nsp), '.'), pg_catalog.quote_ident(rel)) END)::pg_catalog.oid AS oid FROM names),
 deps(i, oid, how) AS (
@@ -197,7 +203,10 @@ UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FR
 UNION ALL SELECT 'p', f.i, p.oid::pg_catalog.int8, CASE WHEN p.prokind OPERATOR(pg_catalog.=) 'a' THEN (
     SELECT CASE WHEN pg_catalog.bool_or(sp.provolatile OPERATOR(pg_catalog.=) 'v') THEN 'v' WHEN pg_catalog.bool_or(sp.provolatile OPERATOR(pg_catalog.=) 's') THEN 's' ELSE 'i' END
     FROM pg_catalog.pg_aggregate a JOIN pg_catalog.pg_proc sp ON sp.oid OPERATOR(pg_catalog.=) p.oid OR sp.oid OPERATOR(pg_catalog.=) ANY (ARRAY[a.aggtransfn::pg_catalog.oid, a.aggfinalfn::pg_catalog.oid, a.aggcombinefn::pg_catalog.oid, a.aggserialfn::pg_catalog.oid, a.aggdeserialfn::pg_catalog.oid, a.aggmtransfn::pg_catalog.oid, a.aggminvtransfn::pg_catalog.oid, a.aggmfinalfn::pg_catalog.oid])
-    WHERE a.aggfnoid OPERATOR(pg_catalog.=) p.oid) ELSE p.provolatile::pg_catalog.text END, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname OPERATOR(pg_catalog.=) f.fn
+    WHERE a.aggfnoid OPERATOR(pg_catalog.=) p.oid) WHEN p.proargdefaults IS NULL THEN p.provolatile::pg_catalog.text ELSE (
+    SELECT pg_catalog.max(v) FROM (SELECT p.provolatile::pg_catalog.text
+      UNION ALL SELECT dp.provolatile::pg_catalog.text FROM pg_catalog.pg_proc dp WHERE dp.oid OPERATOR(pg_catalog.=) ANY (SELECT ((pg_catalog.regexp_matches(p.proargdefaults::pg_catalog.text, ':(?:op)?funcid ([0-9]+)', 'g'))[1])::pg_catalog.oid)
+      UNION ALL SELECT 's' WHERE p.proargdefaults::pg_catalog.text OPERATOR(pg_catalog.~) 'COERCEVIAIO') x(v)) END, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM fnames f JOIN pg_catalog.pg_proc p ON p.proname OPERATOR(pg_catalog.=) f.fn
   AND ((f.nsp IS NULL AND p.pronamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR p.pronamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
 UNION ALL SELECT 'o', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM onames f JOIN pg_catalog.pg_operator o ON o.oprname OPERATOR(pg_catalog.=) f.op AND o.oid OPERATOR(pg_catalog.>=) 16384
   AND ((f.nsp IS NULL AND o.oprnamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR o.oprnamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
