@@ -1507,6 +1507,28 @@ async fn parameter_defaults_count_toward_a_functions_volatility() {
     }
 }
 
+/// An operator in the session's temporary schema (`OPERATOR(pg_temp.op)`) is each session's
+/// own: two sessions alike in every setting do not share its results.
+#[tokio::test]
+async fn operators_of_the_temporary_schema_are_not_shared() {
+    let (_pg, memo, _direct) = setup().await;
+    let define = |arg: &str| {
+        format!(
+            "CREATE FUNCTION pg_temp.pick(int, int) RETURNS int IMMUTABLE LANGUAGE sql AS 'SELECT ${arg}';
+             CREATE OPERATOR pg_temp.<<< (LEFTARG = int, RIGHTARG = int, FUNCTION = pg_temp.pick);"
+        )
+    };
+    let q = "SELECT 1 OPERATOR(pg_temp.<<<) 2";
+    // Both defined first: DDL through pgmemo empties the database's cache.
+    let a = memo.client("postgres", "postgres").await;
+    a.batch_execute(&define("2")).await.unwrap();
+    let b = memo.client("postgres", "postgres").await;
+    b.batch_execute(&define("1")).await.unwrap();
+    assert_eq!(first(&a, q).await.as_deref(), Some("2"));
+    assert_eq!(first(&a, q).await.as_deref(), Some("2"));
+    assert_eq!(first(&b, q).await.as_deref(), Some("1"), "b's own operator");
+}
+
 /// `SELECT ... INTO` creates a table as `CREATE TABLE AS` does: rows read in its block are
 /// not stored (the block wrote), and names it shadows are looked up again.
 #[tokio::test]

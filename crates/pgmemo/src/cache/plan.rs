@@ -355,6 +355,13 @@ fn name_index(
 /// `Some(b'i')` when it calls none.
 fn worst_volatility(s: &StatementInfo, inputs: &Inputs<'_>) -> Option<u8> {
     let facts = inputs.facts?;
+    // `OPERATOR(pg_temp.op)` and `::pg_temp.type` name the session's own temporary schema,
+    // which the catalog knows as `pg_temp_N`: the lookup finds nothing for them, which would
+    // read as a built-in operator or cast. Each session may define them differently.
+    let temp = |schema: &Option<String>| schema.as_deref() == Some("pg_temp");
+    if s.operators.iter().any(|o| temp(&o.schema)) || s.casts.iter().any(|c| temp(&c.schema)) {
+        return None;
+    }
     let mut worst = b'i';
     for f in &s.functions {
         let i = name_index(&inputs.names.functions, &f.schema, &f.name)?;
