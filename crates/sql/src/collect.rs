@@ -66,7 +66,18 @@ impl Collector {
                 self.children(node, role);
             }
             NodeRef::SubLink(link) => {
+                // `x IN (SELECT ...)` is `x = ANY (SELECT ...)` with the name left out.
+                if link.oper_name.is_empty()
+                    && link.sub_link_type() == protobuf::SubLinkType::AnySublink
+                {
+                    push_unique(&mut self.operators, OperatorName::new(None, "="));
+                }
                 self.operator(&link.oper_name);
+                self.children(node, role);
+            }
+            // `CASE x WHEN v ...` compares `x = v`.
+            NodeRef::CaseExpr(case) if case.arg.is_some() => {
+                push_unique(&mut self.operators, OperatorName::new(None, "="));
                 self.children(node, role);
             }
             NodeRef::TypeCast(cast) => {

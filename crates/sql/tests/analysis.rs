@@ -709,6 +709,10 @@ fn operators_everywhere() {
             &["=", "<>"],
         ),
         ("SELECT NULLIF(a, b), a IS DISTINCT FROM b FROM t", &["="]),
+        ("SELECT x FROM t WHERE x IN (SELECT y FROM u)", &["="]),
+        ("SELECT x FROM t WHERE x NOT IN (SELECT y FROM u)", &["="]),
+        ("SELECT CASE x WHEN 1 THEN 2 END FROM t", &["="]),
+        ("SELECT CASE WHEN x THEN 2 END FROM t", &[]),
         (
             "SELECT s LIKE 'a%', s ILIKE 'b%', s NOT LIKE 'c' FROM t",
             &["~~", "~~*", "!~~"],
