@@ -1529,6 +1529,37 @@ async fn operators_of_the_temporary_schema_are_not_shared() {
     assert_eq!(first(&b, q).await.as_deref(), Some("1"), "b's own operator");
 }
 
+/// A cast to a domain runs the domain's CHECK constraints: one calling a function that reads
+/// a table gives another answer (here an error) once that table changes, so it is not cached.
+#[tokio::test]
+async fn casts_to_a_domain_count_the_functions_its_checks_call() {
+    let (pg, memo, direct) = setup().await;
+    pg.psql(
+        "CREATE TABLE allowed_codes (code text); INSERT INTO allowed_codes VALUES ('EUR');
+         CREATE FUNCTION is_allowed(text) RETURNS bool STABLE LANGUAGE sql
+           AS 'SELECT EXISTS (SELECT 1 FROM allowed_codes WHERE code = $1)';
+         CREATE DOMAIN currency AS text CHECK (is_allowed(VALUE));
+         CREATE DOMAIN short_code AS text CHECK (length(VALUE) <= 3);",
+    )
+    .await;
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT 'EUR'::currency";
+    assert_eq!(first(&c, q).await.as_deref(), Some("EUR"));
+    assert_eq!(first(&c, q).await.as_deref(), Some("EUR"));
+    direct
+        .batch_execute("DELETE FROM allowed_codes")
+        .await
+        .unwrap();
+    let e = c.simple_query(q).await.expect_err("the check fails now");
+    assert_eq!(e.code().map(|c| c.code()), Some("23514"), "{e:?}");
+    // A check of built-in immutable functions leaves the cast cacheable.
+    let q = "SELECT 'EUR'::short_code";
+    first(&c, q).await;
+    first(&c, q).await;
+    let explained = admin_rows(&memo, &format!("EXPLAIN CACHE {q}")).await;
+    assert_eq!(explained[0][3].as_deref(), Some("yes"), "{explained:?}");
+}
+
 /// `SELECT ... INTO` creates a table as `CREATE TABLE AS` does: rows read in its block are
 /// not stored (the block wrote), and names it shadows are looked up again.
 #[tokio::test]

@@ -181,6 +181,10 @@ pub fn lookup_query(
 /// default (`n bigint DEFAULT nextval('s')` in an IMMUTABLE function). They are read from
 /// the stored expression, as `pg_depend` records no dependency on built-in functions; a
 /// conversion through text there (`'today'::text::date`) counts as stable.
+///
+/// A cast to a domain (`'x'::currency`) runs the domain's CHECK constraints: the functions
+/// and operators they call count among the cast's (`'c'` rows), as a user-defined cast's
+/// function does.
 const LOOKUP_BODY: &str = r#"),
 roots AS (SELECT i, rel, nsp, pg_catalog.to_regclass(CASE WHEN nsp IS NULL THEN pg_catalog.quote_ident(rel) ELSE pg_catalog.textcat(pg_catalog.textcat(pg_catalog.quote_ident(nsp), '.'), pg_catalog.quote_ident(rel)) END)::pg_catalog.oid AS oid FROM names),
 deps(i, oid, how) AS (
@@ -217,7 +221,8 @@ UNION ALL SELECT 'a', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.tex
   AND EXISTS (SELECT 1 FROM pg_catalog.pg_type ty WHERE ty.oid OPERATOR(pg_catalog.=) p.proargtypes[0] AND ty.typtype OPERATOR(pg_catalog.=) ANY ('{c,p}'::pg_catalog."char"[]))
 UNION ALL SELECT 'c', f.i, p.oid::pg_catalog.int8, p.provolatile::pg_catalog.text, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM tnames f JOIN pg_catalog.pg_type t ON t.typname OPERATOR(pg_catalog.=) f.typ
   AND ((f.nsp IS NULL AND t.typnamespace OPERATOR(pg_catalog.=) ANY (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) ANY (pg_catalog.current_schemas(true)))) OR t.typnamespace OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname OPERATOR(pg_catalog.=) f.nsp))
-  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) ANY (SELECT c.castfunc FROM pg_catalog.pg_cast c WHERE c.casttarget OPERATOR(pg_catalog.=) t.oid AND c.oid OPERATOR(pg_catalog.>=) 16384 UNION ALL SELECT t.typinput::pg_catalog.oid WHERE t.typinput::pg_catalog.oid OPERATOR(pg_catalog.>=) 16384)"#;
+  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) ANY (SELECT c.castfunc FROM pg_catalog.pg_cast c WHERE c.casttarget OPERATOR(pg_catalog.=) t.oid AND c.oid OPERATOR(pg_catalog.>=) 16384 UNION ALL SELECT t.typinput::pg_catalog.oid WHERE t.typinput::pg_catalog.oid OPERATOR(pg_catalog.>=) 16384
+    UNION ALL SELECT ((pg_catalog.regexp_matches(con.conbin::pg_catalog.text, ':(?:op)?funcid ([0-9]+)', 'g'))[1])::pg_catalog.oid FROM pg_catalog.pg_constraint con WHERE con.contypid OPERATOR(pg_catalog.=) t.oid AND con.contype OPERATOR(pg_catalog.=) 'c')"#;
 
 /// A row of the lookup's answer, as text columns (NULL as `None`).
 pub type Row = Vec<Option<String>>;
