@@ -488,6 +488,63 @@ async fn auto_with_a_publication_uses_the_feed() {
     memo.shutdown().await;
 }
 
+/// A pgmemo with `invalidation = auto` whose feed user `feeder` (REPLICATION, no superuser,
+/// publication created beforehand) cannot log in yet: its connection limit is 0, so every
+/// login is refused with 53300, as when the server is out of connection slots.
+async fn pgmemo_while_the_feeder_cannot_log_in(pg: &TempPostgres) -> PgmemoInstance {
+    pg.psql(
+        "CREATE ROLE feeder LOGIN REPLICATION CONNECTION LIMIT 0; \
+         CREATE PUBLICATION pgmemo FOR ALL TABLES;",
+    )
+    .await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.upstream =
+        UpstreamUrl::parse(&format!("postgres://feeder@127.0.0.1:{}", pg.port())).expect("url");
+    config.invalidation = Invalidation::Auto;
+    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+    assert_eventually(
+        Duration::from_secs(5),
+        "the auto probe's login is refused",
+        || async {
+            pg.log_contents()
+                .contains("too many connections for role \"feeder\"")
+        },
+    )
+    .await;
+    memo
+}
+
+/// `auto` does not take a login refused for now (here a connection limit, as with "too many
+/// clients", a server starting up or max_wal_senders reached) for "no feed, ever": it asks
+/// again, and once the user may log in the feed goes live and writes made elsewhere reach
+/// the cache.
+#[tokio::test]
+async fn auto_asks_again_after_a_login_refused_for_now() {
+    let pg = cluster().await;
+    let memo = pgmemo_while_the_feeder_cannot_log_in(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    direct
+        .batch_execute("ALTER ROLE feeder CONNECTION LIMIT -1")
+        .await
+        .unwrap();
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("one"));
+    direct
+        .batch_execute("UPDATE t SET v = 'uno' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eventually(
+        Duration::from_secs(1),
+        "the fresh value via pgmemo",
+        || async { first(&c, q).await.as_deref() == Some("uno") },
+    )
+    .await;
+    memo.shutdown().await;
+}
+
 #[tokio::test]
 async fn ddl_made_directly_reaches_the_cache_through_the_event_trigger() {
     let pg = cluster().await;

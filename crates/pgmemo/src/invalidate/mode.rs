@@ -1,5 +1,6 @@
 //! `invalidation = "auto"`: whether the upstream can give pgmemo a replication feed. Asked once
-//! at start (retrying while the upstream cannot be reached); the answer holds until restart.
+//! at start (retrying while the upstream cannot be reached or refuses logins for now); the
+//! answer holds until restart.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,14 +9,26 @@ use super::{upstream, FeedError};
 use crate::pool::ServerError;
 use crate::shared::Shared;
 
-/// Waits between probes while the upstream cannot be reached.
-const RETRY: Duration = Duration::from_secs(1);
+/// First wait before probing again while the upstream cannot be reached or refuses logins for
+/// now.
+const MIN_RETRY: Duration = Duration::from_millis(250);
+/// Longest wait between probes: the answer decides for pgmemo's whole life, so it is asked until
+/// it comes, but a server that stays away is not hammered.
+const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// True when the upstream has `wal_level = logical`, the configured user may replicate
 /// (REPLICATION or superuser) and pg_hba.conf lets it open a replication connection. Otherwise
 /// logs once why writes from elsewhere are seen only by TTL, and returns false. Returns false
 /// on shutdown too.
+///
+/// Only an answer that will not change decides: a server that cannot be reached, or that
+/// refuses the login for now (starting up, shutting down, out of connection slots or WAL
+/// senders, see [`refused_for_now`]), is asked again after a backoff of 250 ms doubling up to
+/// 5 s. Taking such a moment for "no feed, ever" would leave pgmemo blind to writes made
+/// elsewhere for its whole life.
 pub async fn replication_available(shared: &Arc<Shared>) -> bool {
+    let mut retry = MIN_RETRY;
+    let mut warned = false;
     loop {
         let probe = tokio::select! {
             _ = shared.stop_accepting.cancelled() => return false,
@@ -34,18 +47,25 @@ pub async fn replication_available(shared: &Arc<Shared>) -> bool {
                 return false;
             }
             Err(e) => {
-                tracing::debug!(error = %e, "invalidation = auto: upstream not reachable yet");
+                if warned {
+                    tracing::debug!(error = %e, retry_in = ?retry, "invalidation = auto: upstream cannot be asked yet");
+                } else {
+                    warned = true;
+                    tracing::warn!(error = %e, retry_in = ?retry,
+                        "invalidation = auto: upstream cannot be asked yet whether it gives a replication feed; asking again");
+                }
                 tokio::select! {
                     _ = shared.stop_accepting.cancelled() => return false,
-                    _ = tokio::time::sleep(RETRY) => {}
+                    _ = tokio::time::sleep(retry) => {}
                 }
+                retry = (retry * 2).min(MAX_RETRY);
             }
         }
     }
 }
 
 /// `Ok(None)` when a feed is possible, `Ok(Some(reason))` when it is not, `Err` when the
-/// upstream could not be asked.
+/// upstream could not be asked (also when it refused a login for now).
 async fn probe(shared: &Arc<Shared>) -> Result<Option<String>, FeedError> {
     let config = shared.config();
     if config.upstream.user.is_none() {
@@ -61,7 +81,7 @@ async fn probe(shared: &Arc<Shared>) -> Result<Option<String>, FeedError> {
     drop(config);
     let mut conn = match upstream::connect(shared, &host, port, &dbname, false).await {
         Ok(conn) => conn,
-        Err(FeedError::Server(ServerError::Server(e))) => {
+        Err(FeedError::Server(ServerError::Server(e))) if !refused_for_now(&e) => {
             return Ok(Some(format!("cannot log in: {}", e.message)))
         }
         Err(e) => return Err(e),
@@ -90,10 +110,50 @@ async fn probe(shared: &Arc<Shared>) -> Result<Option<String>, FeedError> {
             conn.close().await;
             Ok(None)
         }
-        Err(FeedError::Server(ServerError::Server(e))) => Ok(Some(format!(
-            "replication connection refused: {}",
-            e.message
-        ))),
+        Err(FeedError::Server(ServerError::Server(e))) if !refused_for_now(&e) => Ok(Some(
+            format!("replication connection refused: {}", e.message),
+        )),
         Err(e) => Err(e),
+    }
+}
+
+/// Whether a login refused with `e` may succeed later without anyone changing the
+/// configuration: connection exceptions (class 08), insufficient resources (class 53: too
+/// many clients, slots reserved for superusers, a role's or database's connection limit,
+/// `max_wal_senders` reached while an old instance's WAL senders exit, out of memory or disk)
+/// and a server starting up, shutting down or in recovery (57P01, 57P02, 57P03). Everything
+/// else (no such role, a wrong password, pg_hba.conf, no REPLICATION) holds until someone
+/// changes it, which takes a restart of pgmemo to notice.
+fn refused_for_now(e: &wire::ErrorResponse) -> bool {
+    use wire::sqlstate::{ADMIN_SHUTDOWN, CANNOT_CONNECT_NOW};
+    /// `crash_shutdown`: the server is reinitializing after a backend crashed.
+    const CRASH_SHUTDOWN: &str = "57P02";
+    let code = e.code.as_str();
+    code.starts_with("08")
+        || code.starts_with("53")
+        || [ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW].contains(&code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(code: &str) -> wire::ErrorResponse {
+        wire::ErrorResponse::fatal(code, "refused")
+    }
+
+    #[test]
+    fn refusals_that_pass_are_told_from_those_that_stay() {
+        // Starting up or in recovery, shutting down, too many clients or WAL senders, a
+        // connection that failed: ask again.
+        for code in [
+            "57P03", "57P01", "57P02", "53300", "53200", "08006", "08P01",
+        ] {
+            assert!(refused_for_now(&refusal(code)), "{code}");
+        }
+        // No such role or database, a wrong password, pg_hba.conf, no REPLICATION: decided.
+        for code in ["28000", "28P01", "3D000", "42501", "XX000"] {
+            assert!(!refused_for_now(&refusal(code)), "{code}");
+        }
     }
 }
