@@ -545,6 +545,37 @@ async fn auto_asks_again_after_a_login_refused_for_now() {
     memo.shutdown().await;
 }
 
+/// While `auto` has not decided whether a feed runs (here its login is refused for now, so it
+/// keeps asking), pgmemo cannot count on seeing every write: the cache serves and stores
+/// nothing, so a write made directly on the server is never hidden by a cached read. Once the
+/// feed is live, the cache serves.
+#[tokio::test]
+async fn auto_serves_nothing_from_the_cache_until_it_has_decided() {
+    let pg = cluster().await;
+    let memo = pgmemo_while_the_feeder_cannot_log_in(&pg).await;
+    let c = memo.client("postgres", "postgres").await;
+    let direct = pg.client("postgres", "postgres").await;
+    let q = "SELECT v FROM t WHERE id = 1";
+    for _ in 0..4 {
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    }
+    direct
+        .batch_execute("UPDATE t SET v = 'uno' WHERE id = 1")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("uno"), "stale read");
+    assert_eq!(hits(&memo), 0, "served before the feed was decided");
+    assert_eq!(show_cache_feed(&memo).await.as_deref(), Some("probing"));
+
+    direct
+        .batch_execute("ALTER ROLE feeder CONNECTION LIMIT -1")
+        .await
+        .unwrap();
+    wait_live(&memo, None).await;
+    assert_eq!(cached(&memo, &c, q).await.as_deref(), Some("uno"));
+    memo.shutdown().await;
+}
+
 #[tokio::test]
 async fn ddl_made_directly_reaches_the_cache_through_the_event_trigger() {
     let pg = cluster().await;

@@ -56,10 +56,15 @@ pub fn show_cache(shared: &Shared) -> Table {
 }
 
 /// The state of every replication feed as `db=state`, comma-separated, in start order;
-/// `not_used` when no feed was started (`invalidation = proxy | ttl`, or nothing used yet), so
-/// an operator sees at a glance whether the cache is failing closed.
+/// `probing` while `invalidation = auto` has not decided yet whether a feed runs (the cache
+/// serves nothing meanwhile); `not_used` when no feed was started (`invalidation = proxy |
+/// ttl`, or nothing used yet), so an operator sees at a glance whether the cache is failing
+/// closed.
 fn feed_states(shared: &Shared) -> String {
     let feeds = shared.feeds.all();
+    if feeds.is_empty() && shared.feeds.probing() {
+        return "probing".to_owned();
+    }
     if feeds.is_empty() {
         return crate::cache::feed::FeedState::NotUsed.name().to_owned();
     }

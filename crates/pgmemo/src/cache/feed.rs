@@ -27,7 +27,8 @@ pub enum FeedState {
     /// No feed is used (`invalidation = proxy` or `ttl`): writes pgmemo sees invalidate, and
     /// the cache serves.
     NotUsed = 0,
-    /// A feed is wanted but not connected and caught up: the cache serves nothing.
+    /// A feed is wanted but not connected and caught up, or `invalidation = auto` has not yet
+    /// decided whether one runs: the cache serves nothing.
     Down = 1,
     /// The stream is live: every committed write reaches the cache.
     Live = 2,

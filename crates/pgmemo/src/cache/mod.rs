@@ -25,7 +25,7 @@ pub mod stats;
 pub mod store;
 pub mod striped;
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use context::Contexts;
@@ -166,6 +166,10 @@ pub struct Cache {
     /// Told about every database when it is first used, so the replication feed can follow
     /// it (set once at start when a feed is wanted).
     new_databases: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<Arc<DatabaseCache>>>,
+    /// Whether a feed is used is not decided yet (`invalidation = auto` asking the upstream):
+    /// databases' gates start `Down` (see [`Cache::hold_until_feed_decided`]). Read and
+    /// written with `databases` locked, so no database escapes a decision.
+    feed_undecided: AtomicBool,
 }
 
 impl Cache {
@@ -204,6 +208,30 @@ impl Cache {
             next_database: AtomicU32::new(0),
             untracked: Mutex::new(Map::default()),
             new_databases: std::sync::OnceLock::new(),
+            feed_undecided: AtomicBool::new(false),
+        }
+    }
+
+    /// Until [`Cache::follow_databases`] or [`Cache::no_feed`], every database's gate is
+    /// `Down`, those used from now on too: while `invalidation = auto` asks the upstream
+    /// whether a feed is possible, pgmemo cannot know that it sees every write, so the cache
+    /// serves and stores nothing (doctrine rule 5).
+    pub fn hold_until_feed_decided(&self) {
+        let dbs = self.databases.lock().unwrap_or_else(|e| e.into_inner());
+        self.feed_undecided.store(true, Ordering::Release);
+        for db in dbs.values() {
+            db.feed.set(feed::FeedState::Down);
+        }
+    }
+
+    /// No feed will run (`auto` found none possible): every database's gate opens for the
+    /// proxy's invalidation (`NotUsed`). Nothing was served or stored while they were held,
+    /// and every write relayed meanwhile invalidated as under `proxy`, so nothing is flushed.
+    pub fn no_feed(&self) {
+        let dbs = self.databases.lock().unwrap_or_else(|e| e.into_inner());
+        self.feed_undecided.store(false, Ordering::Release);
+        for db in dbs.values() {
+            db.feed.set(feed::FeedState::NotUsed);
         }
     }
 
@@ -217,6 +245,7 @@ impl Cache {
             let _ = tx.send(Arc::clone(db));
         }
         let _ = self.new_databases.set(tx);
+        self.feed_undecided.store(false, Ordering::Release);
         rx
     }
 
@@ -244,6 +273,8 @@ impl Cache {
         if let Some(tx) = self.new_databases.get() {
             db.feed.set(feed::FeedState::Down);
             let _ = tx.send(Arc::clone(&db));
+        } else if self.feed_undecided.load(Ordering::Acquire) {
+            db.feed.set(feed::FeedState::Down);
         }
         db
     }

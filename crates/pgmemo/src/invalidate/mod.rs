@@ -25,7 +25,7 @@ mod replication;
 mod status;
 mod upstream;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::task::TaskTracker;
@@ -84,6 +84,9 @@ pub struct Feeds {
     /// it made stale are no longer served), for every commit that invalidated something. Based
     /// on the upstream's commit timestamp and this host's clock, so clock skew is included.
     pub staleness: crate::metrics::Histogram,
+    /// `invalidation = auto` is still asking the upstream whether a feed is possible (the
+    /// cache serves nothing meanwhile), for `SHOW CACHE`.
+    probing: AtomicBool,
 }
 
 impl Default for Feeds {
@@ -94,11 +97,17 @@ impl Default for Feeds {
             instance: rand::random::<u64>() & 0xFFFF_FFFF,
             next_slot: AtomicU64::new(1),
             staleness: crate::metrics::Histogram::default(),
+            probing: AtomicBool::new(false),
         }
     }
 }
 
 impl Feeds {
+    /// Whether `invalidation = auto` has not decided yet whether a feed runs.
+    pub fn probing(&self) -> bool {
+        self.probing.load(Ordering::Acquire)
+    }
+
     /// Every feed started so far, in start order.
     pub fn all(&self) -> Vec<Arc<FeedStatus>> {
         self.list.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -131,8 +140,10 @@ impl Feeds {
 
 /// Starts what `invalidation` asks for: nothing for `proxy` and `ttl`; for `replication` a feed
 /// per database (gates are `Down` from now on until each feed is live); for `auto` a probe of
-/// the upstream that decides between the two. Returns at once; the work runs in tasks tracked
-/// by [`Feeds`].
+/// the upstream that decides between the two, with every gate `Down` until it has (a feed may
+/// be coming, so pgmemo cannot yet count on seeing every write). Returns at once; the work runs
+/// in tasks tracked by [`Feeds`]. Called before the first client is accepted, so that no
+/// database is used before its gate is set.
 pub fn start(shared: &Arc<Shared>) {
     use crate::config::Invalidation;
     match shared.config().invalidation {
@@ -145,12 +156,27 @@ pub fn start(shared: &Arc<Shared>) {
                 .spawn(supervise(Arc::clone(shared), databases));
         }
         Invalidation::Auto => {
+            if let Some(reason) = mode::unavailable_without_asking(&shared.config()) {
+                mode::log_unavailable(&reason);
+                return;
+            }
+            shared.cache.hold_until_feed_decided();
+            shared.feeds.probing.store(true, Ordering::Release);
             let shared = Arc::clone(shared);
             let tracker = shared.feeds.tasks.clone();
             tracker.spawn(async move {
-                if mode::replication_available(&shared).await {
+                let available = mode::replication_available(&shared).await;
+                if shared.stop_accepting.is_cancelled() {
+                    // Shutting down: the gates stay down for the sessions still draining.
+                    return;
+                }
+                if available {
                     let databases = shared.cache.follow_databases();
+                    shared.feeds.probing.store(false, Ordering::Release);
                     supervise(shared, databases).await;
+                } else {
+                    shared.cache.no_feed();
+                    shared.feeds.probing.store(false, Ordering::Release);
                 }
             });
         }

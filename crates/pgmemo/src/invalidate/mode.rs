@@ -40,10 +40,7 @@ pub async fn replication_available(shared: &Arc<Shared>) -> bool {
                 return true;
             }
             Ok(Some(reason)) => {
-                tracing::warn!(
-                    reason = %reason,
-                    "invalidation = auto: no replication feed; writes from elsewhere are seen only by TTL"
-                );
+                log_unavailable(&reason);
                 return false;
             }
             Err(e) => {
@@ -64,12 +61,30 @@ pub async fn replication_available(shared: &Arc<Shared>) -> bool {
     }
 }
 
+/// Why no feed is possible, when the configuration alone says so: then `auto` decides at
+/// start without holding the cache while it asks.
+pub fn unavailable_without_asking(config: &crate::Config) -> Option<String> {
+    config
+        .upstream
+        .user
+        .is_none()
+        .then(|| "the upstream URL names no user".to_owned())
+}
+
+/// Tells the operator, once, that `auto` runs without a feed and why.
+pub fn log_unavailable(reason: &str) {
+    tracing::warn!(
+        reason = %reason,
+        "invalidation = auto: no replication feed; writes from elsewhere are seen only by TTL"
+    );
+}
+
 /// `Ok(None)` when a feed is possible, `Ok(Some(reason))` when it is not, `Err` when the
 /// upstream could not be asked (also when it refused a login for now).
 async fn probe(shared: &Arc<Shared>) -> Result<Option<String>, FeedError> {
     let config = shared.config();
-    if config.upstream.user.is_none() {
-        return Ok(Some("the upstream URL names no user".into()));
+    if let Some(reason) = unavailable_without_asking(&config) {
+        return Ok(Some(reason));
     }
     let host = config.upstream.host.clone();
     let port = config.upstream.port;

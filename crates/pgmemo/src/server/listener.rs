@@ -88,6 +88,9 @@ impl Pgmemo {
             None => None,
         };
         tracing::info!(%local_addr, upstream = %shared.config().upstream.redacted(), "pgmemo listening");
+        // Before the first client: the feed decides whether databases start with their gate
+        // down, which must hold for the first one used too.
+        crate::invalidate::start(&shared);
         let accept_task = tokio::spawn(accept_loop(listener, unix_listener, shared.clone()));
         let metrics = metrics_listener.map(|(listener, addr)| {
             tracing::info!(%addr, "metrics at http://{addr}/metrics");
@@ -95,7 +98,6 @@ impl Pgmemo {
             (addr, task)
         });
         tokio::spawn(janitor(shared.clone()));
-        crate::invalidate::start(&shared);
         Ok(PgmemoHandle {
             local_addr,
             unix_socket,
