@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cache_support::first;
 use pgmemo::cache::feed::FeedState;
-use pgmemo::config::{Invalidation, PoolMode, UpstreamUrl};
+use pgmemo::config::{DatabaseConfig, Invalidation, PoolMode, Switch, UpstreamUrl};
 use pgmemo::invalidate::FeedStatus;
 use testkit::{assert_eventually, eventually_some, pgmemo_config_for, spawn_pgmemo};
 use testkit::{PgmemoInstance, TempPostgres};
@@ -945,6 +945,48 @@ async fn user_code_is_not_left_to_a_feed_that_carries_no_ddl() {
     // Another session (the writer itself waits for the feed anyway).
     let other = memo.client("postgres", "postgres").await;
     assert_eq!(first(&other, q).await.as_deref(), Some("uno"), "stale view");
+    memo.shutdown().await;
+}
+
+/// A session relayed without the cache (here through a `[databases]` alias with the cache
+/// off, mapped to the same upstream database) is seen by no proxy; a feed whose user is not
+/// a superuser carries no DDL. So while such a session is connected, that feed is not trusted
+/// with its writes: a view it replaces is read afresh through the cached database.
+#[tokio::test]
+async fn an_untracked_session_is_not_left_to_a_feed_that_carries_no_ddl() {
+    let pg = cluster().await;
+    pg.psql(
+        "CREATE ROLE feeder LOGIN REPLICATION; \
+         CREATE PUBLICATION pgmemo FOR ALL TABLES; \
+         CREATE VIEW vw AS SELECT id, v FROM t;",
+    )
+    .await;
+    let mut config = pgmemo_config_for(pg.port());
+    config.upstream =
+        UpstreamUrl::parse(&format!("postgres://feeder@127.0.0.1:{}", pg.port())).expect("url");
+    config.invalidation = Invalidation::Replication;
+    config.databases.insert(
+        "raw".to_owned(),
+        DatabaseConfig {
+            dbname: Some("postgres".to_owned()),
+            cache: Some(Switch::Off),
+            ..DatabaseConfig::default()
+        },
+    );
+    let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+    let c = memo.client("postgres", "postgres").await;
+    let q = "SELECT v FROM vw WHERE id = 1";
+    assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    wait_live(&memo, None).await;
+    let raw = memo.client("postgres", "raw").await;
+    raw.batch_execute("SELECT 1").await.unwrap();
+    for _ in 0..4 {
+        assert_eq!(first(&c, q).await.as_deref(), Some("one"));
+    }
+    raw.batch_execute("CREATE OR REPLACE VIEW vw AS SELECT id, upper(v) AS v FROM t")
+        .await
+        .unwrap();
+    assert_eq!(first(&c, q).await.as_deref(), Some("ONE"), "stale view");
     memo.shutdown().await;
 }
 

@@ -70,9 +70,13 @@ impl Drop for UntrackedSession {
 
 impl DatabaseCache {
     /// Whether every write relayed by this pgmemo reaches this database's cache: no session
-    /// relays it untracked, or the replication feed sees their writes anyway.
+    /// relays it untracked, or the replication feed sees their writes anyway. Their DDL too:
+    /// a feed without pgmemo's event trigger (its user is no superuser) carries row changes
+    /// only, and `CREATE OR REPLACE VIEW`, `ALTER TABLE ... ENABLE ROW LEVEL SECURITY` or a
+    /// function made `VOLATILE` by an untracked session would then reach neither the proxy
+    /// nor the feed.
     pub fn sees_relayed_writes(&self) -> bool {
-        self.untracked.load(Ordering::Acquire) == 0 || self.feed.state() == feed::FeedState::Live
+        self.untracked.load(Ordering::Acquire) == 0 || self.feed.sees_ddl()
     }
 
     /// The memoized plan for a key made by [`plan_memo_key`].
@@ -283,9 +287,10 @@ impl Cache {
     /// its traffic (the cache was off for it when it started), so its writes invalidate
     /// nothing (doctrine rule 5). What the database's cache holds goes at once, and until the
     /// session ends the cache serves and stores nothing for the database unless its
-    /// replication feed is live: a reload that turns the cache back on, or another client
-    /// database mapped to the same upstream database with the cache on, never gets a result
-    /// those writes made stale. Registering creates no database cache (and no feed).
+    /// replication feed is live and carries DDL (see [`DatabaseCache::sees_relayed_writes`]):
+    /// a reload that turns the cache back on, or another client database mapped to the same
+    /// upstream database with the cache on, never gets a result those writes made stale.
+    /// Registering creates no database cache (and no feed).
     pub fn untracked_session(&self, host: &str, port: u16, dbname: &str) -> UntrackedSession {
         let name = database_name(host, port, dbname);
         let count = self.untracked_count(&name);
