@@ -277,6 +277,49 @@ async fn protocol_level_name_errors_match_postgres() {
     }
 }
 
+/// A Close of the unnamed statement that the server skips (an error earlier in its batch)
+/// leaves the statement where it was, as PostgreSQL does: still the client's, and never run
+/// by another client sharing the server, whether pgmemo sent the Close on (the server held
+/// the client's statement) or answered it itself (the server held another client's).
+#[tokio::test]
+async fn a_skipped_close_of_the_unnamed_statement_keeps_it() {
+    use Who::{A, B};
+    let parse = |name: &str, sql: &str| vec![msg::parse(name, sql, &[]), msg::sync()];
+    let failing_then_close = |name: &str| {
+        vec![
+            msg::parse(name, "SELECT 1/0", &[]),
+            msg::bind("", name, &[]),
+            msg::execute("", 0),
+            msg::close(b'S', ""),
+            msg::sync(),
+        ]
+    };
+    let steps = vec![
+        (A, parse("", "SELECT 'secret a'")),
+        (A, failing_then_close("s")),
+        (B, exec("", &[])),
+        (A, exec("", &[])),
+        // 4-7: the server holds B's unnamed statement when A's Close is skipped.
+        (B, parse("", "SELECT 'b'")),
+        (A, failing_then_close("t")),
+        (A, exec("", &[])),
+        (B, exec("", &[])),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    for line in [
+        " 1 A| Error ERROR 22012: division by zero",
+        " 2 B| Error ERROR 26000: unnamed prepared statement does not exist",
+        " 3 A| DataRow [secret a]",
+        " 6 A| DataRow [secret a]",
+        " 7 B| DataRow [b]",
+    ] {
+        assert!(
+            transcript.iter().any(|l| l == line),
+            "{line}: {transcript:#?}"
+        );
+    }
+}
+
 /// Requests that need nothing of pgmemo (a Query that cannot touch the session, a batch on
 /// the unnamed statement) go to the server as they are and their answers are relayed by
 /// message type only (`client/transaction/plain.rs`): what pgmemo must still keep track of

@@ -100,7 +100,8 @@ pub struct Revert {
 /// the server skips the message (an error earlier in the batch, as PostgreSQL then keeps the
 /// statement it had); when the message itself fails, the server holds no unnamed statement.
 pub struct UnnamedUndo {
-    /// The client's unnamed statement before, when the message was the client's own Parse.
+    /// The client's unnamed statement before, when the message was the client's own Parse
+    /// or Close.
     pub client: Option<Option<Unnamed>>,
     /// The server's before.
     pub server: Option<(u64, u64)>,
@@ -131,7 +132,8 @@ pub struct Entry {
     /// With the cache on: what the statement(s) of a Query or Execute write, counted once
     /// their answer arrives.
     pub effects: Option<Box<Effects>>,
-    /// Set on Parse and Close entries of the unnamed statement (boxed, as `revert`).
+    /// Set on Parse and Close entries of the unnamed statement, also a Close pgmemo answers
+    /// itself (boxed, as `revert`).
     pub unnamed: Option<Box<UnnamedUndo>>,
 }
 
@@ -301,7 +303,7 @@ impl Link<'_> {
     }
 
     /// The records of the unnamed statement a message is about to change (`client`: the
-    /// client's own Parse, which replaces the client's statement too).
+    /// client's own Parse or Close, which replaces or drops the client's statement too).
     pub fn unnamed_undo(&self, client: bool) -> Box<UnnamedUndo> {
         Box::new(UnnamedUndo {
             client: client.then(|| self.client.unnamed.clone()),

@@ -644,14 +644,22 @@ fn close(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, 
     }
     let name = text(&msg.name)?;
     if name.is_empty() {
+        // Put back if the server skips the Close (an error earlier in the batch), as
+        // PostgreSQL then keeps the statement: otherwise the server would hold a statement
+        // pgmemo takes for gone, which the next client's Bind of its unnamed one would run.
+        let undo = link.unnamed_undo(true);
         let own = link.client.unnamed.take();
         if own.is_some_and(|u| link.server.unnamed == Some((link.client.tag, u.seq))) {
             link.server.unnamed = None;
             out.extend_from_slice(frame.raw());
-            link.queue.push_back(Entry::forward(Expect::Close));
+            let mut entry = Entry::forward(Expect::Close);
+            entry.unnamed = Some(undo);
+            link.queue.push_back(entry);
             return Ok(false);
         }
-        link.queue.push_back(Entry::local(close_complete()));
+        let mut entry = Entry::local(close_complete());
+        entry.unnamed = Some(undo);
+        link.queue.push_back(entry);
         return Ok(true);
     }
     let mut entry = Entry::local(close_complete());
