@@ -55,7 +55,9 @@ fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
 /// Settings that a transaction undoes stay undone for their client and never reach another:
 /// a SET in an implicit transaction that fails, a SET rolled back to a savepoint (in one
 /// Query and message by message), a SET before a savepoint that is rolled back (kept), a SET
-/// in a released savepoint (kept). A and B share one server; PostgreSQL gives each its own.
+/// in a released savepoint (kept), and a SET (or RESET ALL) after a ROLLBACK in the same
+/// request, which runs in a transaction of its own (kept). A and B share one server;
+/// PostgreSQL gives each its own.
 #[tokio::test]
 async fn settings_undone_by_their_transaction_stay_undone() {
     use Who::{A, B};
@@ -81,13 +83,54 @@ async fn settings_undone_by_their_transaction_stay_undone() {
     then_show(&["BEGIN; SET work_mem = '10MB'; SAVEPOINT s; ROLLBACK TO s; COMMIT"]);
     then_show(&["BEGIN; SAVEPOINT s; SET work_mem = '11MB'; RELEASE s; COMMIT"]);
     then_show(&["BEGIN", "SET work_mem = '12MB'", "SELECT 1/0", "COMMIT"]);
+    // A SET after a ROLLBACK in the same request runs in a transaction of its own. Each case
+    // shows twice: B's SHOW brings the server in line with B, so A's second SHOW shows what
+    // pgmemo recorded for A.
+    for request in [
+        &[
+            "BEGIN",
+            "SET work_mem = '13MB'",
+            "ROLLBACK; SET work_mem = '14MB'",
+        ][..],
+        &["BEGIN", "SELECT 1/0", "ROLLBACK; SET work_mem = '15MB'"],
+        &["ROLLBACK; SET work_mem = '16MB'"],
+        &["BEGIN; SAVEPOINT s; ROLLBACK TO s; COMMIT; SET work_mem = '17MB'"],
+        &["BEGIN", "ROLLBACK; RESET ALL"],
+    ] {
+        then_show(request);
+        then_show(&[]);
+    }
     then_show(&["RESET work_mem"]);
+    // The same in one Sync group of the extended protocol.
+    let run = |sql: &str| {
+        vec![
+            msg::parse("", sql, &[]),
+            msg::bind("", "", &[]),
+            msg::execute("", 0),
+        ]
+    };
+    steps.push((A, q("BEGIN")));
+    steps.push((
+        A,
+        [
+            run("SET work_mem = '3MB'"),
+            run("ROLLBACK"),
+            run("SET work_mem = '18MB'"),
+            vec![msg::sync()],
+        ]
+        .concat(),
+    ));
+    steps.push((A, q(show)));
+    steps.push((B, q(show)));
     let transcript = same_as_postgres(&steps).await;
-    assert!(
-        transcript.iter().any(|l| l.contains("10MB"))
-            && transcript.iter().any(|l| l.contains("11MB")),
-        "{transcript:#?}"
-    );
+    for kept in ["10MB", "11MB", "14MB", "15MB", "16MB", "17MB", "18MB"] {
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.ends_with(&format!("DataRow [{kept}]"))),
+            "{kept}: {transcript:#?}"
+        );
+    }
 }
 
 #[tokio::test]

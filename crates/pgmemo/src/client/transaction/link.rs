@@ -180,10 +180,14 @@ pub struct TxnTrack {
     /// A ROLLBACK TO SAVEPOINT came after some of `pending`: it may have undone any of them,
     /// so their names are verified once the transaction commits (`ClientState::verify`).
     pub uncertain: bool,
-    /// An error happened since the transaction began (or since the last COMMIT).
+    /// An error happened since the transaction began (or since the last COMMIT or ROLLBACK).
     pub failed: bool,
-    /// A ROLLBACK (or ROLLBACK TO SAVEPOINT) completed.
-    pub rolled_back: bool,
+    /// A ROLLBACK (or ROLLBACK TO SAVEPOINT: the command tag is the same) completed, the last
+    /// one when `pending` held this many changes. Which of the two it was shows only at the
+    /// next ReadyForQuery; the statements after it in the same request (`ROLLBACK; SET ...`)
+    /// run in a transaction of their own when it was a ROLLBACK, so they must not be dropped
+    /// with it.
+    pub rolled_back: Option<usize>,
     /// The settings whose ParameterStatus the transaction's own `SET`s explain.
     pub explained: Explained,
 }

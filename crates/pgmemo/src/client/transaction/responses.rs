@@ -402,12 +402,16 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
                 link.client,
             );
             link.txn.failed = false;
+            // A ROLLBACK TO SAVEPOINT before it is settled with it.
+            link.txn.rolled_back = None;
             if let (Some(cache), b"COMMIT") = (link.cache.as_deref_mut(), tag) {
                 cache.committed();
             }
         }
         b"ROLLBACK" => {
-            link.txn.rolled_back = true;
+            link.txn.rolled_back = Some(link.txn.pending.len());
+            // An error before it failed what it rolls back; one after it fails what follows.
+            link.txn.failed = false;
             if !link.txn.pending.is_empty() {
                 // A ROLLBACK TO SAVEPOINT undid some of them, or a ROLLBACK all (a COMMIT
                 // after it in the same Query still commits them here): which, pgmemo cannot
@@ -536,8 +540,15 @@ fn on_error(link: &mut Link<'_>) {
 fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
     match status {
         TransactionStatus::Idle => {
-            let txn = std::mem::take(&mut link.txn);
-            if !txn.failed && !txn.rolled_back {
+            let mut txn = std::mem::take(&mut link.txn);
+            if let Some(before) = txn.rolled_back {
+                // Idle with no COMMIT since: that was a ROLLBACK (one TO SAVEPOINT leaves the
+                // block open), which undid the changes before it. Those after it ran in an
+                // implicit transaction of their own, which no ROLLBACK TO SAVEPOINT can reach.
+                txn.pending.drain(..before.min(txn.pending.len()));
+                txn.uncertain = false;
+            }
+            if !txn.failed {
                 commit(
                     &txn.pending,
                     &mut link.client.settings,
@@ -546,12 +557,12 @@ fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
                 verify_later(&txn.pending, txn.uncertain, link.client);
             }
         }
-        TransactionStatus::InTransaction if link.txn.rolled_back => {
+        TransactionStatus::InTransaction if link.txn.rolled_back.is_some() => {
             if !link.txn.pending.is_empty() {
                 link.server.settings.unknown = true;
                 link.txn.uncertain = true;
             }
-            link.txn.rolled_back = false;
+            link.txn.rolled_back = None;
         }
         _ => {}
     }
