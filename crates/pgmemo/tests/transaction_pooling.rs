@@ -756,6 +756,84 @@ async fn a_column_added_between_executions_shows_up_without_an_error() {
     .await
 }
 
+/// The number of columns of the first row a simple query returns.
+async fn columns(client: &Client, sql: &str) -> usize {
+    let got = client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    rows(&got).first().map_or(0, Vec::len)
+}
+
+/// [`a_column_added_between_executions_shows_up_without_an_error`] with SQL-level statements:
+/// a `PREPARE` after the change (by another client, or
+/// by the same one after `DEALLOCATE`) gets the statement pgmemo prepared on the server before
+/// it, whose plan is stale there, yet its `EXECUTE` shows the new columns, as after a
+/// `PREPARE` on PostgreSQL. So does one after another client dropped pgmemo's statements
+/// behind its back (`DEALLOCATE ALL` inside `DO`); inside a transaction block that one fails
+/// once, as the Bind of a protocol-level statement does, and so does an `EXECUTE` after other
+/// statements of its Query.
+#[tokio::test]
+async fn a_column_added_before_an_sql_prepare_shows_up_in_its_execute() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("txn_alter_sql", "(id int, v text)").await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one')"))
+            .await
+            .unwrap();
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let prepare = |name: &str| format!("PREPARE {name} AS SELECT * FROM {t}");
+        a.batch_execute(&prepare("p")).await.unwrap();
+        assert_eq!(columns(&a, "EXECUTE p").await, 2);
+
+        a.batch_execute(&format!("ALTER TABLE {t} ADD COLUMN c int DEFAULT 7"))
+            .await
+            .unwrap();
+        b.batch_execute(&prepare("q")).await.unwrap();
+        assert_eq!(columns(&b, "EXECUTE q").await, 3, "B after ALTER TABLE");
+        direct
+            .batch_execute(&format!("ALTER TABLE {t} ADD COLUMN d text DEFAULT 'x'"))
+            .await
+            .unwrap();
+        a.batch_execute("DEALLOCATE p").await.unwrap();
+        a.batch_execute(&prepare("p")).await.unwrap();
+        assert_eq!(columns(&a, "EXECUTE p").await, 4, "A prepared again");
+        // An EXECUTE after other statements of its Query is not sent again (those ran): it may
+        // fail, once.
+        direct
+            .batch_execute(&format!("ALTER TABLE {t} ADD COLUMN e int"))
+            .await
+            .unwrap();
+        let again = format!("DEALLOCATE q; {}; EXECUTE q", prepare("q"));
+        if let Err(e) = b.simple_query(&again).await {
+            assert_eq!(sqlstate(&e), Some("0A000"), "{e:?}");
+        }
+        assert_eq!(columns(&b, "EXECUTE q").await, 5, "B prepared again");
+        a.batch_execute(&format!("DEALLOCATE p; {}", prepare("p")))
+            .await
+            .unwrap();
+
+        b.batch_execute("DO $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$")
+            .await
+            .unwrap();
+        assert_eq!(columns(&a, "EXECUTE p").await, 5, "after DEALLOCATE ALL");
+        b.batch_execute("DO $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$")
+            .await
+            .unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        let e = query_error(&a, "EXECUTE p").await;
+        assert!(db_message(&e).contains("does not exist"), "{e:?}");
+        a.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(columns(&a, "EXECUTE p").await, 5, "after the block");
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------------
 // Session settings.
 

@@ -72,6 +72,10 @@ pub enum Effect {
 pub struct Outcome {
     pub effect: Effect,
     pub tag: Option<&'static str>,
+    /// pgmemo's server-side statement that the statement runs (`EXECUTE`, `EXPLAIN EXECUTE`,
+    /// `CREATE TABLE ... AS EXECUTE`): when its plan went stale or it vanished from the
+    /// server, it is forgotten there, as after a failed Bind of it.
+    pub uses: Option<Arc<PreparedStatement>>,
 }
 
 impl Outcome {
@@ -79,6 +83,7 @@ impl Outcome {
         Outcome {
             effect: Effect::None,
             tag: None,
+            uses: None,
         }
     }
 }
@@ -242,6 +247,7 @@ impl Planner<'_> {
                                 created: false,
                             },
                             tag: Some("PREPARE"),
+                            uses: None,
                         },
                         Some(NO_OP.to_owned()),
                     ));
@@ -261,6 +267,7 @@ impl Planner<'_> {
                             created: true,
                         },
                         tag: None,
+                        uses: None,
                     },
                     Some(create),
                 ))
@@ -305,6 +312,7 @@ impl Planner<'_> {
                             real: false,
                         }),
                         tag: Some("DISCARD ALL"),
+                        uses: None,
                     },
                     Some(NO_OP.to_owned()),
                 ))
@@ -315,6 +323,7 @@ impl Planner<'_> {
                 Outcome {
                     effect: Effect::SettingsUnknown,
                     tag: None,
+                    uses: None,
                 },
                 None,
             )),
@@ -322,6 +331,7 @@ impl Planner<'_> {
                 Outcome {
                     effect: Effect::SettingsUnknown,
                     tag: None,
+                    uses: None,
                 },
                 None,
             )),
@@ -364,19 +374,21 @@ impl Planner<'_> {
     }
 }
 
-/// What running a SQL-level prepared statement does to the session: its text was analysed
-/// when it was prepared, but calls of `set_config` in it change settings only when it runs.
-fn executed(statement: &PreparedStatement) -> Outcome {
+/// What running a SQL-level prepared statement does: it runs pgmemo's statement on the server,
+/// and it changes settings when its text calls `set_config` (analysed when it was prepared,
+/// but such calls change settings only when it runs).
+fn executed(statement: &Arc<PreparedStatement>) -> Outcome {
     let text = &*statement.key.text;
     let sets = sql::may_affect_session(text)
         && sql::analyze(text).map_or(true, |a| a.statements.iter().any(calls_set_config));
-    if sets {
-        Outcome {
-            effect: Effect::SettingsUnknown,
-            tag: None,
-        }
-    } else {
-        Outcome::plain()
+    Outcome {
+        effect: if sets {
+            Effect::SettingsUnknown
+        } else {
+            Effect::None
+        },
+        tag: None,
+        uses: Some(Arc::clone(statement)),
     }
 }
 
@@ -411,6 +423,7 @@ fn dropped(
         Outcome {
             effect: Effect::Deallocated(statements),
             tag: Some(tag),
+            uses: None,
         },
         Some(NO_OP.to_owned()),
     ))
@@ -492,6 +505,7 @@ fn reset_to_startup(
         Outcome {
             effect,
             tag: Some(tag),
+            uses: None,
         },
         Some(format!("DO $pgmemo$BEGIN {body} END$pgmemo$")),
     ))
@@ -507,6 +521,7 @@ fn setting(set: &SetCommand) -> Result<Outcome, ErrorResponse> {
     let tracked = |change| Outcome {
         effect: Effect::Setting(TrackedChange { change, real: true }),
         tag: None,
+        uses: None,
     };
     Ok(match set {
         SetCommand::Assign {
@@ -554,10 +569,12 @@ fn setting(set: &SetCommand) -> Result<Outcome, ErrorResponse> {
         | SetCommand::FromCurrent { name, .. } => Outcome {
             effect: Effect::LocalSetting(Some(name.clone())),
             tag: None,
+            uses: None,
         },
         SetCommand::Role { .. } | SetCommand::SessionAuthorization { .. } => Outcome {
             effect: Effect::LocalSetting(None),
             tag: None,
+            uses: None,
         },
         SetCommand::Transaction(_) | SetCommand::TransactionSnapshot { .. } => Outcome::plain(),
     })

@@ -119,8 +119,9 @@ pub struct Entry {
     /// Boxed: set only on Parse entries, and entries are moved several times per message
     /// (a smaller entry is copied inline rather than through `memcpy`).
     pub revert: Option<Box<Revert>>,
-    /// The server-side statement a Bind uses: closed and prepared again when the server says
-    /// its plan no longer matches the table (`cached plan must not change result type`).
+    /// The server-side statement a Bind or Describe uses: closed and prepared again when the
+    /// server says its plan no longer matches the table (`cached plan must not change result
+    /// type`). Those a Query or an Execute runs (SQL-level `EXECUTE`) are in `outcomes`.
     pub uses: Option<Arc<PreparedStatement>>,
     /// For a Bind or Describe: its position in `Link::batch`.
     pub frame: usize,
@@ -234,7 +235,8 @@ pub struct Link<'a> {
     /// Extended-protocol messages were sent since the last Sync.
     pub mid_batch: bool,
     pub max_prepared: usize,
-    /// The client's messages of the current extended-protocol batch, kept for a retry.
+    /// The client's messages of the current extended-protocol batch, or the simple Query
+    /// that runs a SQL-level prepared statement, kept for a retry.
     pub batch: &'a mut BatchLog,
     /// Replay `batch[n..]`: a statement's plan went stale and the batch is retried once.
     pub retry: Option<usize>,

@@ -353,6 +353,13 @@ fn query(
             prep,
             raises,
         } => {
+            if !link.mid_batch && outcomes.iter().any(|o| o.uses.is_some()) {
+                // Kept to run again should a statement it executes turn out stale or gone
+                // on this server (see `responses::note_stale_plan`).
+                link.batch.clear();
+                link.retried = false;
+                link.batch.push(&frame);
+            }
             emit_prep(&prep, false, link, out);
             entry.raised = raises;
             match text {
@@ -669,6 +676,7 @@ fn close(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, 
         entry.outcomes.push(Outcome {
             effect: Effect::Deallocated(vec![(name.to_owned(), statement)]),
             tag: None,
+            uses: None,
         });
     }
     link.queue.push_back(entry);

@@ -200,7 +200,8 @@ fn on_message(
             let retry = note_stale_plan(&frame[5..], link);
             on_error(link);
             if let Some(from) = retry {
-                // The Sync's ReadyForQuery belongs to the failed attempt: swallowed.
+                // The ReadyForQuery of the Sync (or of the Query) belongs to the failed
+                // attempt: swallowed.
                 if let Some(sync) = link.queue.front_mut() {
                     sync.forward = false;
                 }
@@ -449,19 +450,24 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
     })
 }
 
-/// After DDL changed a table's row type, a statement prepared before it fails at Bind with
-/// "cached plan must not change result type" on every use: pgmemo forgets it on this server
-/// and closes it before the next request. A statement pgmemo prepared may also be gone from
-/// the server behind its back (`DEALLOCATE ALL` run by another client through a function or
-/// `DO`): pgmemo forgets it there too, and prepares it again at its next use. When the failed
-/// batch ran nothing before that Bind, is not inside a transaction block and nothing was sent
-/// after its Sync, it is retried once (returns where the replay starts); otherwise the client
-/// sees the error and its next execution succeeds.
+/// After DDL changed a table's row type, a statement prepared before it fails at Bind (or at
+/// a SQL-level `EXECUTE`) with "cached plan must not change result type" on every use: pgmemo
+/// forgets it on this server and closes it before the next request. A statement pgmemo
+/// prepared may also be gone from the server behind its back (`DEALLOCATE ALL` run by another
+/// client through a function or `DO`): pgmemo forgets it there too, and prepares it again at
+/// its next use. When the failed request ran nothing before that statement, is not inside a
+/// transaction block and nothing was sent after it, it is retried once (returns where the
+/// replay starts in `Link::batch`); otherwise the client sees the error and its next
+/// execution succeeds.
 fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
     let entry = link.queue.front()?;
-    let statement = entry.uses.clone()?;
-    let from = entry.frame;
-    let described = entry.described;
+    let sql_level = matches!(entry.expect, Expect::Query | Expect::Execute);
+    let statement = if sql_level {
+        entry.outcomes.get(entry.next)?.uses.clone()?
+    } else {
+        entry.uses.clone()?
+    };
+    let (expect, next, from, described) = (entry.expect, entry.next, entry.frame, entry.described);
     let error = wire::ErrorResponse::parse(body).ok()?;
     let plan_changed = error.code == wire::sqlstate::FEATURE_NOT_SUPPORTED
         && error.message == "cached plan must not change result type";
@@ -474,18 +480,32 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
     if plan_changed {
         link.server.stale.push(statement.name.clone());
     }
-    let sync_is_last = link
-        .queue
-        .iter()
-        .position(|e| e.expect == Expect::Sync)
-        .is_some_and(|i| i + 1 == link.queue.len());
-    let ran_before = link.batch.executed_before(from);
-    let retry = !link.retried
-        && link.batch.replayable()
-        && link.client.status == TransactionStatus::Idle
-        && sync_is_last
-        && !ran_before
-        && link.batch.last_tag() == Some(wire::frontend::tag::SYNC);
+    let replayable =
+        !link.retried && link.batch.replayable() && link.client.status == TransactionStatus::Idle;
+    let retry = match expect {
+        // The Query's first statement (nothing of it reached the client), and the Query is
+        // the one kept in the log (nothing was sent after it).
+        Expect::Query => {
+            next == 0
+                && link.queue.len() == 1
+                && link.batch.len() == 1
+                && link.batch.last_tag() == Some(wire::frontend::tag::QUERY)
+        }
+        // An unnamed statement's `EXECUTE`: it was bound (and its statement prepared) by
+        // messages before it, so it is left to the client to run again.
+        Expect::Execute => false,
+        _ => {
+            let sync_is_last = link
+                .queue
+                .iter()
+                .position(|e| e.expect == Expect::Sync)
+                .is_some_and(|i| i + 1 == link.queue.len());
+            sync_is_last
+                && !link.batch.executed_before(from)
+                && link.batch.last_tag() == Some(wire::frontend::tag::SYNC)
+        }
+    };
+    let retry = replayable && retry;
     if retry {
         link.skip_parameter_description = described;
     }
