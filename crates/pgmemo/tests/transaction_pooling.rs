@@ -1675,6 +1675,45 @@ async fn a_statement_pgmemo_failed_to_prepare_is_prepared_again() {
     .await;
 }
 
+/// When the statement pgmemo prepares ahead of a client's `EXECUTE` fails there (its table
+/// was dropped), the client gets that one error, after what the Query ran before it, as from
+/// PostgreSQL: not a second error naming pgmemo's own statement.
+#[tokio::test]
+async fn a_failed_preparation_ahead_of_execute_is_reported_once() {
+    use txn_support::{msg, Raw};
+    within(TEST_DEADLINE, async {
+        let t = create_table("prep_once", "(n int)").await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| c.cache = Switch::Off).await;
+        let b = pgmemo.client(USER, DB).await;
+        let mut a = Raw::login(pgmemo.addr().port()).await;
+        let prepared = a
+            .exchange(&[msg::query(&format!(
+                "PREPARE p AS SELECT n FROM {t}; SELECT pg_backend_pid()"
+            ))])
+            .await;
+        let first: i32 = prepared
+            .iter()
+            .find_map(|l| l.strip_prefix("DataRow [")?.strip_suffix(']')?.parse().ok())
+            .unwrap_or_else(|| panic!("{prepared:?}"));
+        // B holds A's server: A's next request runs on the other one, which lacks p.
+        assert_eq!(hold(&b).await, first);
+        drop_table(&t).await;
+        let lines = a
+            .exchange(&[msg::query("SELECT 1 AS one; EXECUTE p")])
+            .await;
+        assert_eq!(lines.len(), 5, "{lines:#?}");
+        assert_eq!(lines[1], "DataRow [1]", "{lines:#?}");
+        assert!(
+            lines[3].starts_with("Error ERROR 42P01: relation")
+                && lines[3].ends_with("does not exist"),
+            "{lines:#?}"
+        );
+        assert_eq!(lines[4], "ReadyForQuery I", "{lines:#?}");
+        b.batch_execute("COMMIT").await.unwrap();
+    })
+    .await;
+}
+
 /// A PREPARE of a text the server holds already is not sent; when it does not run (an error
 /// before it), the client has no such statement, and the server still has its own.
 #[tokio::test]

@@ -130,6 +130,10 @@ pub struct Entry {
     pub raised: bool,
     /// A Describe of a statement whose ParameterDescription went out already.
     pub described: bool,
+    /// The Sync ending what pgmemo prepares ahead of a simple Query: an error raised there is
+    /// held back (`Link::held_error`) and told in place of the Query's own error about the
+    /// statement that then does not exist, as PostgreSQL reports one error per Query.
+    pub holds_error: bool,
     /// With the cache on: what the statement(s) of a Query or Execute write, counted once
     /// their answer arrives.
     pub effects: Option<Box<Effects>>,
@@ -152,6 +156,7 @@ impl Entry {
             frame: 0,
             raised: false,
             described: false,
+            holds_error: false,
             effects: None,
             unnamed: None,
         }
@@ -247,6 +252,9 @@ pub struct Link<'a> {
     pub skip_parameter_description: bool,
     /// An extended-protocol COPY FROM STDIN is reading data: the server ignores Syncs.
     pub copy_in: bool,
+    /// An error of what pgmemo prepared ahead of the client's Query (see
+    /// `Entry::holds_error`), until that Query's answer has ended.
+    pub held_error: Option<bytes::BytesMut>,
 }
 
 impl Link<'_> {

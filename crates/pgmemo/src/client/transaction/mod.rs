@@ -621,6 +621,7 @@ async fn serve_attached(
         retried: false,
         skip_parameter_description: false,
         copy_in: false,
+        held_error: None,
     });
     let wake = Flag::default();
     let retry = Flag::default();

@@ -728,7 +728,9 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
     }
     if !extended && !prep.is_empty() {
         out.extend_from_slice(&frontend::sync());
-        link.queue.push_back(Entry::swallow(Expect::Sync));
+        let mut sync = Entry::swallow(Expect::Sync);
+        sync.holds_error = true;
+        link.queue.push_back(sync);
     }
 }
 

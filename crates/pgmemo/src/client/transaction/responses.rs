@@ -209,6 +209,24 @@ fn on_message(
                 link.retried = true;
                 return (Action::Swallow, false);
             }
+            match link.queue.front() {
+                // What pgmemo prepared for the Query failed: the Query then fails on the
+                // missing statement, and the client is told this error instead.
+                Some(e) if e.holds_error => {
+                    link.held_error = Some(BytesMut::from(frame));
+                    return (Action::Swallow, false);
+                }
+                Some(e) if e.expect == Expect::Query && e.forward => {
+                    if let Some(held) = link.held_error.take() {
+                        let missing = wire::ErrorResponse::parse(&frame[5..])
+                            .is_ok_and(|e| e.code == wire::sqlstate::INVALID_SQL_STATEMENT_NAME);
+                        if missing {
+                            return (Action::Replace(held), false);
+                        }
+                    }
+                }
+                _ => {}
+            }
             if raised {
                 if let Ok(e) = wire::ErrorResponse::parse(&frame[5..]) {
                     let mut out = BytesMut::new();
@@ -222,7 +240,10 @@ fn on_message(
             let status = ready_status(frame);
             let action = match link.queue.pop_front() {
                 Some(e) if !e.forward => Action::Swallow,
-                _ => Action::Forward,
+                _ => {
+                    link.held_error = None;
+                    Action::Forward
+                }
             };
             link.client.status = status;
             on_ready(link, status);
