@@ -230,6 +230,49 @@ async fn same_statement_names_of_two_clients_stay_apart() {
         .any(|l| l.starts_with("18 A| Error ERROR 26000")));
 }
 
+/// A `DISCARD ALL` in an extended-protocol batch that the server skips (an error earlier in
+/// the batch) drops nothing, as in PostgreSQL: the client's statements still run; one that
+/// runs drops them.
+#[tokio::test]
+async fn a_skipped_discard_all_keeps_the_clients_statements() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (A, vec![msg::parse("s1", "SELECT 5", &[]), msg::sync()]),
+            (
+                A,
+                vec![
+                    msg::parse("", "SELECT 1/0", &[]),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::parse("", "DISCARD ALL", &[]),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (A, exec("s1", &[])),
+            (B, vec![msg::query("SELECT 1")]),
+            (
+                A,
+                vec![
+                    msg::parse("", "DISCARD ALL", &[]),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (A, exec("s1", &[])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript.contains(&" 2 A| DataRow [5]".to_owned()),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn protocol_level_name_errors_match_postgres() {
     use Who::{A, B};

@@ -65,6 +65,12 @@ pub enum Effect {
     /// back if the server skipped the statement (an error before it, an aborted block), as
     /// PostgreSQL then keeps them.
     Deallocated(Vec<(String, Arc<PreparedStatement>)>),
+    /// `DISCARD ALL`: the client's statements dropped at once (given back, as for
+    /// `Deallocated`, if the server skipped it) and its settings reset once it completes.
+    Discarded {
+        statements: Vec<(String, Arc<PreparedStatement>)>,
+        reset: TrackedChange,
+    },
 }
 
 /// One statement's effect and the command tag to show instead of the server's.
@@ -304,13 +310,15 @@ impl Planner<'_> {
                         "DISCARD ALL cannot run inside a transaction block",
                     ));
                 }
-                self.client.clear();
                 Ok((
                     Outcome {
-                        effect: Effect::Setting(TrackedChange {
-                            change: SettingChange::ResetAll,
-                            real: false,
-                        }),
+                        effect: Effect::Discarded {
+                            statements: std::mem::take(self.client).into_iter().collect(),
+                            reset: TrackedChange {
+                                change: SettingChange::ResetAll,
+                                real: false,
+                            },
+                        },
                         tag: Some("DISCARD ALL"),
                         uses: None,
                     },

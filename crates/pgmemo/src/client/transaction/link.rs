@@ -290,7 +290,9 @@ impl Link<'_> {
                 self.server.settings.unknown = true;
                 continue;
             }
-            if let Effect::Deallocated(statements) = &outcome.effect {
+            if let Effect::Deallocated(statements) | Effect::Discarded { statements, .. } =
+                &outcome.effect
+            {
                 for (name, statement) in statements {
                     if !self.client.statements.contains_key(name) {
                         self.client

@@ -449,7 +449,7 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
     }
     let outcome = outcome?;
     match outcome.effect {
-        Effect::Setting(change) => {
+        Effect::Setting(change) | Effect::Discarded { reset: change, .. } => {
             link.txn.explained.add(match &change.change {
                 SettingChange::Set(name, _) | SettingChange::Reset(name) => Some(name),
                 SettingChange::ResetAll => None,
