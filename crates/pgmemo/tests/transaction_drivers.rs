@@ -230,6 +230,40 @@ async fn same_statement_names_of_two_clients_stay_apart() {
         .any(|l| l.starts_with("18 A| Error ERROR 26000")));
 }
 
+/// A named Parse inside an aborted block fails (25P02) and leaves the name free, as in
+/// PostgreSQL, also when the server holds that statement for another name already.
+#[tokio::test]
+async fn a_named_parse_in_an_aborted_block_fails_and_takes_no_name() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (A, vec![msg::parse("s0", "SELECT 1", &[]), msg::sync()]),
+            (A, vec![msg::query("BEGIN")]),
+            (A, vec![msg::query("SELECT 1/0")]),
+            (
+                A,
+                vec![
+                    msg::parse("s1", "SELECT 1", &[]),
+                    msg::bind("", "s1", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (A, vec![msg::query("ROLLBACK")]),
+            (A, vec![msg::parse("s1", "SELECT 1", &[]), msg::sync()]),
+            (A, exec("s1", &[])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.starts_with(" 3 A| Error ERROR 25P02")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}
+
 /// A `DISCARD ALL` in an extended-protocol batch that the server skips (an error earlier in
 /// the batch) drops nothing, as in PostgreSQL: the client's statements still run; one that
 /// runs drops them.

@@ -467,6 +467,24 @@ fn parse(
             .effects
             .insert(name.clone(), (statement.clone(), outcome));
     }
+    // In an aborted block the server refuses any Parse (25P02) and the name is not taken:
+    // sent, so that its error is the client's; its records go with the error.
+    let aborted = link.client.status == wire::backend::TransactionStatus::Failed;
+    if aborted && link.server.statements.touch(&statement) {
+        let StatementSource::Parse(create) = &statement.create else {
+            unreachable!("protocol-level statements are created with Parse")
+        };
+        out.extend_from_slice(create);
+        let mut entry = Entry::forward(Expect::Parse);
+        entry.revert = Some(Box::new(Revert {
+            statement,
+            client_name: Some(name),
+            on_server: false,
+            closed: false,
+        }));
+        link.queue.push_back(entry);
+        return Ok(false);
+    }
     if link.server.statements.touch(&statement) {
         let mut entry = Entry::local(parse_complete());
         entry.revert = Some(Box::new(Revert {
