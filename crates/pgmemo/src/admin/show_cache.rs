@@ -62,7 +62,7 @@ pub fn show_cache(shared: &Shared) -> Table {
 /// closed.
 fn feed_states(shared: &Shared) -> String {
     let feeds = shared.feeds.all();
-    if feeds.is_empty() && shared.feeds.probing() {
+    if feeds.is_empty() && shared.cache.feed_undecided() {
         return "probing".to_owned();
     }
     if feeds.is_empty() {

@@ -228,6 +228,12 @@ impl Cache {
         }
     }
 
+    /// Whether `invalidation = auto` is still asking the upstream whether a feed is possible
+    /// (the cache serves nothing meanwhile), for `SHOW CACHE`.
+    pub fn feed_undecided(&self) -> bool {
+        self.feed_undecided.load(Ordering::Acquire)
+    }
+
     /// No feed will run (`auto` found none possible): every database's gate opens for the
     /// proxy's invalidation (`NotUsed`). Nothing was served or stored while they were held,
     /// and every write relayed meanwhile invalidated as under `proxy`, so nothing is flushed.

@@ -25,7 +25,7 @@ mod replication;
 mod status;
 mod upstream;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio_util::task::TaskTracker;
@@ -84,9 +84,6 @@ pub struct Feeds {
     /// it made stale are no longer served), for every commit that invalidated something. Based
     /// on the upstream's commit timestamp and this host's clock, so clock skew is included.
     pub staleness: crate::metrics::Histogram,
-    /// `invalidation = auto` is still asking the upstream whether a feed is possible (the
-    /// cache serves nothing meanwhile), for `SHOW CACHE`.
-    probing: AtomicBool,
 }
 
 impl Default for Feeds {
@@ -97,17 +94,11 @@ impl Default for Feeds {
             instance: rand::random::<u64>() & 0xFFFF_FFFF,
             next_slot: AtomicU64::new(1),
             staleness: crate::metrics::Histogram::default(),
-            probing: AtomicBool::new(false),
         }
     }
 }
 
 impl Feeds {
-    /// Whether `invalidation = auto` has not decided yet whether a feed runs.
-    pub fn probing(&self) -> bool {
-        self.probing.load(Ordering::Acquire)
-    }
-
     /// Every feed started so far, in start order.
     pub fn all(&self) -> Vec<Arc<FeedStatus>> {
         self.list.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -161,7 +152,6 @@ pub fn start(shared: &Arc<Shared>) {
                 return;
             }
             shared.cache.hold_until_feed_decided();
-            shared.feeds.probing.store(true, Ordering::Release);
             let shared = Arc::clone(shared);
             let tracker = shared.feeds.tasks.clone();
             tracker.spawn(async move {
@@ -172,11 +162,9 @@ pub fn start(shared: &Arc<Shared>) {
                 }
                 if available {
                     let databases = shared.cache.follow_databases();
-                    shared.feeds.probing.store(false, Ordering::Release);
                     supervise(shared, databases).await;
                 } else {
                     shared.cache.no_feed();
-                    shared.feeds.probing.store(false, Ordering::Release);
                 }
             });
         }

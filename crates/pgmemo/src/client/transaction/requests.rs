@@ -467,53 +467,39 @@ fn parse(
             .effects
             .insert(name.clone(), (statement.clone(), outcome));
     }
-    // In an aborted block the server refuses any Parse (25P02) and the name is not taken:
-    // sent, so that its error is the client's; its records go with the error.
-    let aborted = link.client.status == wire::backend::TransactionStatus::Failed;
-    if aborted && link.server.statements.touch(&statement) {
-        let StatementSource::Parse(create) = &statement.create else {
-            unreachable!("protocol-level statements are created with Parse")
-        };
-        out.extend_from_slice(create);
-        let mut entry = Entry::forward(Expect::Parse);
-        entry.revert = Some(Box::new(Revert {
+    // The server holds it already: answered here, except in an aborted block, where the
+    // server refuses any Parse (25P02) and the name is not taken: sent, so that its error is
+    // the client's, and the client's record goes with the error.
+    let held = link.server.statements.touch(&statement);
+    let revert = |statement, on_server| {
+        Some(Box::new(Revert {
             statement,
             client_name: Some(name),
-            on_server: false,
+            on_server,
             closed: false,
-        }));
-        link.queue.push_back(entry);
-        return Ok(false);
-    }
-    if link.server.statements.touch(&statement) {
+        }))
+    };
+    if held && link.client.status != wire::backend::TransactionStatus::Failed {
         let mut entry = Entry::local(parse_complete());
-        entry.revert = Some(Box::new(Revert {
-            statement,
-            client_name: Some(name),
-            on_server: false,
-            closed: false,
-        }));
+        entry.revert = revert(statement, false);
         link.queue.push_back(entry);
         return Ok(true);
     }
-    if let Some(evicted) = link
-        .server
-        .statements
-        .insert(statement.clone(), link.max_prepared)
-    {
-        emit_prep(&[ServerPrep::Drop(evicted)], true, link, out);
+    if !held {
+        if let Some(evicted) = link
+            .server
+            .statements
+            .insert(statement.clone(), link.max_prepared)
+        {
+            emit_prep(&[ServerPrep::Drop(evicted)], true, link, out);
+        }
     }
     let StatementSource::Parse(create) = &statement.create else {
         unreachable!("protocol-level statements are created with Parse")
     };
     out.extend_from_slice(create);
     let mut entry = Entry::forward(Expect::Parse);
-    entry.revert = Some(Box::new(Revert {
-        statement,
-        client_name: Some(name),
-        on_server: true,
-        closed: false,
-    }));
+    entry.revert = revert(statement, !held);
     link.queue.push_back(entry);
     Ok(false)
 }
