@@ -541,8 +541,7 @@ async fn silent_client_is_closed_after_login_timeout() {
 }
 
 /// With `auth_type = upstream` a client that never answers the server's password request
-/// holds a pool place and a server connection: after `client_login_timeout` it gets 08P01
-/// and is closed, and the place serves the next client.
+/// holds a server connection: after `client_login_timeout` it gets 08P01 and is closed.
 #[tokio::test]
 async fn a_client_silent_at_the_password_request_is_closed_after_login_timeout() {
     within(TEST_DEADLINE, async {
@@ -598,6 +597,61 @@ async fn a_client_silent_at_the_password_request_is_closed_after_login_timeout()
             .expect("the next client gets the pool place");
         tokio::spawn(conn);
         client.simple_query("SELECT 1").await.unwrap();
+    })
+    .await
+}
+
+/// A client stalled at the password request (`auth_type = upstream`) holds no place of the
+/// pool: with a pool of one, in both pool modes, another client logs in and queries while the
+/// stalled one waits out its long `client_login_timeout`.
+#[tokio::test]
+async fn a_client_stalled_at_the_password_request_holds_no_pool_place() {
+    within(TEST_DEADLINE, async {
+        let cluster = testkit::TempPostgres::builder()
+            .hba("host all pw_user 127.0.0.1/32 md5")
+            .no_default_trust()
+            .start()
+            .await
+            .expect("cluster starts");
+        cluster
+            .psql("CREATE ROLE pw_user LOGIN PASSWORD 'pw-secret'")
+            .await;
+        for mode in POOL_MODES {
+            let mut config = pgmemo_config_for(cluster.port());
+            config.client_login_timeout = pgmemo::config::Seconds(Duration::from_secs(120));
+            config.query_wait_timeout = pgmemo::config::Seconds(Duration::from_secs(120));
+            config.pool_size = 1;
+            config.pool_mode = mode;
+            let memo = spawn_pgmemo(config).await.expect("pgmemo starts");
+            let mut stalled = Raw::connect(memo.addr()).await;
+            stalled
+                .send(&startup(
+                    0,
+                    &[("user", "pw_user"), ("database", "postgres")],
+                ))
+                .await;
+            let request = stalled.expect_message().await;
+            assert!(
+                matches!(request, BackendMessage::Authentication(_)),
+                "{mode:?}: the server's password request is relayed: {request:?}"
+            );
+            let url = format!(
+                "postgres://pw_user:pw-secret@127.0.0.1:{}/postgres",
+                memo.addr().port()
+            );
+            let login = async {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+                tokio::spawn(conn);
+                client.simple_query("SELECT 1").await?;
+                Ok::<_, tokio_postgres::Error>(client)
+            };
+            let client = tokio::time::timeout(Duration::from_secs(20), login)
+                .await
+                .unwrap_or_else(|_| panic!("{mode:?}: the stalled login holds the pool's place"))
+                .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+            client.simple_query("SELECT 2").await.unwrap();
+            drop(stalled);
+        }
     })
     .await
 }

@@ -146,22 +146,38 @@ pub async fn login(
             Some(p) => ServerCredential::Password(p),
             None => ServerCredential::None,
         };
-        let mut lease = pool.acquire(wait).await.inspect_err(|_| {
-            Stats::bump(&shared.stats.pool_wait_timeouts);
-        })?;
         if pool.trust_known() {
+            // The server let the last login in without a password: an idle connection serves
+            // this one with no exchange, so nothing can stall while the place is held.
+            let mut lease = pool.acquire(wait).await.inspect_err(|_| {
+                Stats::bump(&shared.stats.pool_wait_timeouts);
+            })?;
             if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
                 client.send(&backend::authentication_ok()).await?;
                 return Ok((route, lease, conn));
             }
         }
-        lease.reserve_new();
+        // The exchange is relayed over a connection outside the pool's count: a client that
+        // stalls at the password request (for up to `client_login_timeout`) must not keep
+        // authenticated clients from the pool's servers. Such backends are bounded as they
+        // are without pgmemo, by `max_client_conn` and the server's own `max_connections`
+        // and `authentication_timeout`.
         let mut conn = open(shared, &route, upstream_tls).await?;
         let timeout = config.server_connect_timeout.0;
         let client_timeout = config.client_login_timeout.0;
         let asked = relay_upstream_auth(client, &mut conn, (timeout, client_timeout)).await?;
         bounded(timeout, conn.finish_startup()).await?;
         pool.set_trust_known(!asked);
+        // Authenticated: the connection joins the pool once it has a place.
+        let mut lease = match pool.acquire(wait).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                Stats::bump(&shared.stats.pool_wait_timeouts);
+                tokio::spawn(conn.close());
+                return Err(e.into());
+            }
+        };
+        lease.reserve_new();
         return Ok((route, lease, conn));
     }
 
