@@ -293,10 +293,11 @@ async fn newer_minor_version_and_protocol_options_are_negotiated() {
         raw.send(&startup(5, &params)).await;
         match raw.expect_message().await {
             BackendMessage::NegotiateProtocolVersion {
-                minor,
+                version,
                 unrecognized,
             } => {
-                assert_eq!(minor, 0);
+                // PostgreSQL's bytes: its newest version whole (3.0), not a bare minor.
+                assert_eq!(version, 0x0003_0000);
                 assert_eq!(unrecognized, vec!["_pq_.foo".to_owned()]);
             }
             other => panic!("expected NegotiateProtocolVersion, got {other:?}"),

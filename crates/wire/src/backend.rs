@@ -179,8 +179,11 @@ pub enum BackendMessage {
     ReadyForQuery(TransactionStatus),
     ErrorResponse(ErrorResponse),
     NoticeResponse(ErrorResponse),
+    /// The server speaks an older protocol than asked for, or not some `_pq_.` options.
     NegotiateProtocolVersion {
-        minor: i32,
+        /// The newest protocol version the server supports, as PostgreSQL sends it: major in
+        /// the high 16 bits, minor in the low (`0x0003_0000` for 3.0).
+        version: i32,
         unrecognized: Vec<String>,
     },
     /// Parse succeeded.
@@ -246,14 +249,14 @@ impl BackendMessage {
             tag::ERROR_RESPONSE => BackendMessage::ErrorResponse(ErrorResponse::parse(&body)?),
             tag::NOTICE_RESPONSE => BackendMessage::NoticeResponse(ErrorResponse::parse(&body)?),
             tag::NEGOTIATE_PROTOCOL_VERSION => {
-                let minor = r.i32()?;
+                let version = r.i32()?;
                 let n = r.i32()?;
                 let mut unrecognized = Vec::new();
                 for _ in 0..n.max(0) {
                     unrecognized.push(r.cstr()?.to_owned());
                 }
                 BackendMessage::NegotiateProtocolVersion {
-                    minor,
+                    version,
                     unrecognized,
                 }
             }
@@ -316,10 +319,10 @@ impl BackendMessage {
             M::ErrorResponse(e) => e.encode_into(out),
             M::NoticeResponse(e) => e.encode_notice_into(out),
             M::NegotiateProtocolVersion {
-                minor,
+                version,
                 unrecognized,
             } => put_message(out, tag::NEGOTIATE_PROTOCOL_VERSION, |b| {
-                b.put_i32(*minor);
+                b.put_i32(*version);
                 b.put_i32(unrecognized.len() as i32);
                 for o in unrecognized {
                     put_cstr(b, o);
@@ -467,12 +470,13 @@ pub fn ready_for_query(status: TransactionStatus) -> Bytes {
     out.freeze()
 }
 
-/// NegotiateProtocolVersion: the newest minor version supported and the protocol options
-/// (`_pq_.*`) that were not recognized.
-pub fn negotiate_protocol_version(minor: i32, unrecognized: &[&str]) -> Bytes {
+/// NegotiateProtocolVersion: the newest protocol version supported (major and minor, as
+/// PostgreSQL sends it: clients such as libpq 18 read it whole and refuse a major version
+/// below 3) and the protocol options (`_pq_.*`) that were not recognized.
+pub fn negotiate_protocol_version(version: i32, unrecognized: &[&str]) -> Bytes {
     let mut out = BytesMut::new();
     put_message(&mut out, tag::NEGOTIATE_PROTOCOL_VERSION, |b| {
-        b.put_i32(minor);
+        b.put_i32(version);
         b.put_i32(unrecognized.len() as i32);
         for o in unrecognized {
             put_cstr(b, o);

@@ -119,6 +119,9 @@ async fn read_packet(conn: &mut ClientConn) -> Result<StartupPacket, ClientError
     }
 }
 
+/// Protocol 3.0, the version pgmemo speaks, as NegotiateProtocolVersion carries it.
+const PROTOCOL_3_0: i32 = 0x0003_0000;
+
 /// Answers a request for protocol 3.x (x > 0) or `_pq_.` options with NegotiateProtocolVersion,
 /// as PostgreSQL does: pgmemo speaks 3.0 and ignores unknown protocol options.
 async fn negotiate_version(conn: &mut ClientConn, msg: &StartupMessage) -> Result<(), ClientError> {
@@ -129,7 +132,7 @@ async fn negotiate_version(conn: &mut ClientConn, msg: &StartupMessage) -> Resul
         .filter(|k| k.starts_with("_pq_."))
         .collect();
     if msg.minor_version > 0 || !unknown.is_empty() {
-        conn.send(&backend::negotiate_protocol_version(0, &unknown))
+        conn.send(&backend::negotiate_protocol_version(PROTOCOL_3_0, &unknown))
             .await?;
     }
     Ok(())

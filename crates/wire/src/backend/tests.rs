@@ -79,9 +79,9 @@ fn round_trips() {
         BackendMessage::ReadyForQuery(TransactionStatus::Failed)
     );
     assert_eq!(
-        decode(negotiate_protocol_version(0, &["_pq_.x"])),
+        decode(negotiate_protocol_version(0x0003_0000, &["_pq_.x"])),
         BackendMessage::NegotiateProtocolVersion {
-            minor: 0,
+            version: 0x0003_0000,
             unrecognized: vec!["_pq_.x".into()]
         }
     );
@@ -441,9 +441,9 @@ fn message() -> impl Strategy<Value = BackendMessage> {
         status.prop_map(M::ReadyForQuery),
         error_response().prop_map(M::ErrorResponse),
         error_response().prop_map(M::NoticeResponse),
-        (any::<i32>(), prop::collection::vec(text(), 0..3)).prop_map(|(minor, unrecognized)| {
+        (any::<i32>(), prop::collection::vec(text(), 0..3)).prop_map(|(version, unrecognized)| {
             M::NegotiateProtocolVersion {
-                minor,
+                version,
                 unrecognized,
             }
         }),
