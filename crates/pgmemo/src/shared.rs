@@ -69,12 +69,12 @@ pub struct Shared {
 impl Shared {
     /// Builds the state for a validated configuration; fails on unreadable TLS or auth files.
     pub fn new(config: Config) -> Result<Arc<Shared>, String> {
-        let userlist = Userlist::load_for(&config)?;
+        let mut auth_seed = [0u8; 32];
+        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut auth_seed);
+        let userlist = Userlist::load_for(&config, &auth_seed)?;
         let client_tls = ClientTls::from_config(&config)?;
         let upstream_tls = UpstreamTls::from_url(&config.upstream)?;
         let cache = crate::cache::Cache::new(config.cache_size.0 as u64);
-        let mut auth_seed = [0u8; 32];
-        rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut auth_seed);
         Ok(Arc::new(Shared {
             auth_seed,
             config: ArcSwap::from_pointee(config),
@@ -146,7 +146,7 @@ impl Shared {
             cache_size,
             worker_threads
         );
-        let userlist = Userlist::load_for(&new)?;
+        let userlist = Userlist::load_for(&new, &self.auth_seed)?;
         let client_tls = ClientTls::from_config(&new)?;
         if !kept.is_empty() {
             tracing::warn!(settings = ?kept, "these settings need a restart; keeping the running values");

@@ -501,6 +501,25 @@ async fn local_scram_checks_the_userlist() {
     }
 }
 
+/// A plain-text userlist password is prepared with SASLprep for SCRAM, as PostgreSQL prepares
+/// the passwords it stores and libpq the ones it sends: a no-break space and a space are one.
+#[tokio::test]
+async fn local_scram_prepares_plain_passwords_with_saslprep() {
+    let pg = TempPostgres::start().await.expect("starting PostgreSQL");
+    pg.psql("CREATE ROLE prep_user LOGIN").await;
+    let (_dir, path) = write_userlist(&[("prep_user", "pass\u{a0}word".to_owned())]);
+    let config = Config {
+        auth_type: AuthType::ScramSha256,
+        auth_file: Some(path),
+        ..pgmemo_config_for(pg.port())
+    };
+    let pgmemo = start_pgmemo(config).await;
+    for password in ["pass\u{a0}word", "pass word"] {
+        assert_login(&pgmemo, ("prep_user", password)).await;
+    }
+    assert_password_refused(&pgmemo, "prep_user", "password").await;
+}
+
 /// A wrong password is refused by pgmemo even while an idle pooled connection for the user
 /// exists, and the next right login reuses that connection.
 #[tokio::test]

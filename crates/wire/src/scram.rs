@@ -59,16 +59,25 @@ fn user_salt(user: &str, seed: &[u8]) -> [u8; 16] {
     salt
 }
 
+/// A password as SCRAM uses it (RFC 4013 SASLprep), or unchanged when SASLprep refuses it
+/// (prohibited characters), as PostgreSQL's `pg_saslprep` and libpq fall back to the raw
+/// bytes.
+fn saslprep(password: &str) -> std::borrow::Cow<'_, str> {
+    stringprep::saslprep(password).unwrap_or(std::borrow::Cow::Borrowed(password))
+}
+
 fn key32(bytes: &[u8]) -> Result<[u8; 32], ScramError> {
     bytes.try_into().map_err(|_| ScramError::InvalidSecret)
 }
 
 impl ScramSecret {
     /// Derives a verifier from a clear-text password, the way PostgreSQL does for
-    /// `password_encryption = scram-sha-256`.
+    /// `password_encryption = scram-sha-256`: of the password after SASLprep, as clients
+    /// (libpq, postgres-protocol) prepare it before they prove it.
     pub fn from_password(password: &str, salt: &[u8], iterations: u32) -> ScramSecret {
+        let prepared = saslprep(password);
         let mut salted = [0u8; 32];
-        pbkdf2::pbkdf2::<HmacSha256>(password.as_bytes(), salt, iterations, &mut salted)
+        pbkdf2::pbkdf2::<HmacSha256>(prepared.as_bytes(), salt, iterations, &mut salted)
             .expect("HMAC accepts any key length");
         let client_key = hmac(&salted, b"Client Key");
         ScramSecret {
@@ -387,6 +396,26 @@ mod tests {
             parsed
         );
         assert!(ScramSecret::parse("md5abc").is_err());
+    }
+
+    #[test]
+    fn passwords_are_prepared_with_saslprep_as_postgresql_does() {
+        // Written by PostgreSQL 15 for E'pass\u00a0word': SASLprep maps the no-break space to
+        // a space, so both spellings (libpq prepares what the user types) match it.
+        let s = "SCRAM-SHA-256$4096:ROEE4dp44V/uq89GI1TwDg==$1VCFK/zhMom7CkCVSp3XBM26ZD8YMvtthpwjtlpbT8w=:F04EYMYbis6qYKin9Pzy4Xo5P+iQ8pnb/903RpHX2aE=";
+        let parsed = ScramSecret::parse(s).unwrap();
+        for password in ["pass\u{a0}word", "pass word"] {
+            assert_eq!(
+                ScramSecret::from_password(password, &parsed.salt, 4096),
+                parsed,
+                "{password:?}"
+            );
+        }
+        // A password SASLprep refuses (a prohibited control character) is used as it is.
+        let raw = ScramSecret::from_password("a\u{7}b", &parsed.salt, 1);
+        let mut salted = [0u8; 32];
+        pbkdf2::pbkdf2::<HmacSha256>(b"a\x07b", &parsed.salt, 1, &mut salted).unwrap();
+        assert_eq!(raw.server_key, hmac(&salted, b"Server Key"));
     }
 
     #[test]

@@ -61,10 +61,10 @@ pub async fn authenticate_locally(
         }
         AuthType::Md5 if matches!(secret, Some(Secret::Scram(_))) => {
             // Like PostgreSQL with an md5 line and a SCRAM verifier: use SCRAM.
-            scram(client, secret, user, seed).await?
+            scram(client, userlist, user, seed).await?
         }
         AuthType::Md5 => md5(client, secret, user).await?,
-        AuthType::ScramSha256 => scram(client, secret, user, seed).await?,
+        AuthType::ScramSha256 => scram(client, userlist, user, seed).await?,
     };
     client.send(&backend::authentication_ok()).await?;
     Ok(login)
@@ -111,13 +111,17 @@ async fn md5(
 
 async fn scram(
     client: &mut ClientConn,
-    secret: Option<&Secret>,
+    userlist: &Userlist,
     user: &str,
     seed: &[u8],
 ) -> Result<LocalLogin, ClientError> {
+    let secret = userlist.get(user);
     let (verifier, known) = match secret {
-        // Salted like an unknown user's mock: the salt shows nothing.
-        Some(Secret::Plain(p)) => (ScramSecret::from_password_for(p, user, seed), true),
+        // Salted like an unknown user's mock: the salt shows nothing. Derived at load.
+        Some(Secret::Plain(p)) => match userlist.plain_verifier(user) {
+            Some(v) => (v.clone(), true),
+            None => (ScramSecret::from_password_for(p, user, seed), true),
+        },
         Some(Secret::Scram(s)) => (s.clone(), true),
         // md5 secrets cannot verify SCRAM; unknown users get a mock exchange.
         _ => (ScramSecret::mock(user, seed), false),
