@@ -576,6 +576,63 @@ async fn a_read_that_raises_a_notice_is_not_stored() {
     assert!(show_cache(&memo, "refused_response_not_cacheable").await >= 1);
 }
 
+/// A client of pgmemo with `options` at startup, and the notices it receives.
+async fn client_hearing_notices(
+    memo: &PgmemoInstance,
+    options: &str,
+) -> (Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    use futures_util::StreamExt;
+    let mut config: tokio_postgres::Config = memo.url("postgres", "postgres").parse().unwrap();
+    if !options.is_empty() {
+        config.options(options);
+    }
+    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notice(n) = message {
+                let _ = tx.send(n.message().to_owned());
+            }
+        }
+    });
+    (client, rx)
+}
+
+/// The settings that decide which notices a statement sends are part of the key: a result
+/// stored by a session that silenced them does not answer one that hears them. Sessions that
+/// hear LOG or DEBUG messages are not served at all (their messages depend on more than the
+/// statement).
+#[tokio::test]
+async fn a_result_stored_with_notices_silenced_does_not_answer_a_session_that_hears_them() {
+    let (pg, memo, _direct) = setup().await;
+    pg.psql(
+        "CREATE FUNCTION noisy(x text) RETURNS text IMMUTABLE LANGUAGE plpgsql AS
+         $$ BEGIN RAISE NOTICE 'reading %', x; RETURN x; END $$;",
+    )
+    .await;
+    let q = "SELECT noisy(v) FROM t WHERE id = 1";
+    let (quiet, _) = client_hearing_notices(&memo, "-c client_min_messages=warning").await;
+    for _ in 0..3 {
+        assert_eq!(first(&quiet, q).await.as_deref(), Some("one"));
+    }
+    assert!(
+        show_cache(&memo, "hits").await >= 1,
+        "the silenced session's result is cached"
+    );
+    let (loud, mut notices) = client_hearing_notices(&memo, "").await;
+    assert_eq!(first(&loud, q).await.as_deref(), Some("one"));
+    // The Notice arrives before the answer it belongs to.
+    assert_eq!(notices.try_recv().ok().as_deref(), Some("reading one"));
+
+    let (verbose, _) = client_hearing_notices(&memo, "-c client_min_messages=log").await;
+    let plain = "SELECT v FROM t WHERE id = 2";
+    for _ in 0..3 {
+        assert_eq!(first(&verbose, plain).await.as_deref(), Some("two"));
+    }
+    assert!(cache_support::refused(&memo, "log_messages").await >= 1);
+}
+
 /// `COMMIT PREPARED` may commit writes of any table (docs/cache.md): every result of the
 /// database goes. The writes of a transaction are seen as it is prepared, too early, and
 /// reads between PREPARE TRANSACTION and COMMIT PREPARED store the old values again.

@@ -36,6 +36,14 @@ pub const KEY_SETTINGS: &[&str] = &[
     "quote_all_identifiers",
     // A GIN index scan returns a random subset of at most this many rows.
     "gin_fuzzy_search_limit",
+    // Which notices and warnings a statement sends: a result stored where they were silenced
+    // (a capture that meets one stores nothing) must not answer a session that hears them.
+    "client_min_messages",
+    "escape_string_warning",
+    "debug_print_parse",
+    "debug_print_rewritten",
+    "debug_print_plan",
+    "trace_sort",
 ];
 
 /// The query that reads a session's context: roles first, then [`KEY_SETTINGS`] in order, then
@@ -148,6 +156,14 @@ impl Context {
             self.setting("default_transaction_isolation"),
             Some("repeatable read" | "serializable")
         )
+    }
+
+    /// Whether the session hears LOG or DEBUG messages (`client_min_messages` below
+    /// `notice`): statements then send messages that depend on more than the statement (its
+    /// duration, the server's log settings), which a cached answer cannot reproduce.
+    pub fn hears_log_messages(&self) -> bool {
+        self.setting("client_min_messages")
+            .is_some_and(|level| level == "log" || level.starts_with("debug"))
     }
 
     /// How the session reads string literals.

@@ -59,6 +59,7 @@ refusals! {
     CacheOff => "cache_off",
     TransactionWrote => "transaction_wrote",
     SnapshotIsolation => "snapshot_isolation",
+    LogMessages => "log_messages",
     SettingsUnknown => "settings_unknown",
     CatalogUnavailable => "catalog_unavailable",
     Pipelined => "pipelined",

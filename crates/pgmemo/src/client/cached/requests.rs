@@ -376,6 +376,9 @@ impl Requests<'_> {
         if self.link.context_stale.load(Ordering::Relaxed) {
             return Err(Refusal::SettingsUnknown);
         }
+        if ctx.hears_log_messages() {
+            return Err(Refusal::LogMessages);
+        }
         match status {
             TransactionStatus::Idle => Ok(()),
             TransactionStatus::Failed => Err(Refusal::TransactionWrote),

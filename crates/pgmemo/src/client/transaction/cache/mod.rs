@@ -521,6 +521,9 @@ fn refusal(
     if context.snapshot_by_default() {
         return Err(Refusal::SnapshotIsolation);
     }
+    if context.hears_log_messages() {
+        return Err(Refusal::LogMessages);
+    }
     if time_literal {
         return Err(Refusal::TimeLiteral);
     }
