@@ -576,6 +576,28 @@ async fn a_read_that_raises_a_notice_is_not_stored() {
     assert!(show_cache(&memo, "refused_response_not_cacheable").await >= 1);
 }
 
+/// A parameter that reads the clock (`'now'` cast to a time) is never cached, in text format
+/// and in binary format, in which a text parameter carries its text as well (tokio-postgres
+/// sends every parameter in binary, as Npgsql does).
+#[tokio::test]
+async fn parameters_that_read_the_clock_are_not_cached_in_either_format() {
+    let (_pg, memo, _direct) = setup().await;
+    let c = memo.client("postgres", "postgres").await;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..3 {
+        let row = c
+            .query_one(
+                "SELECT $1::text::timestamptz::text, v FROM t WHERE id = 1",
+                &[&"now"],
+            )
+            .await
+            .unwrap();
+        seen.insert(row.get::<_, String>(0));
+    }
+    assert_eq!(seen.len(), 3, "each execution reads the clock: {seen:?}");
+    assert_eq!(show_cache(&memo, "hits").await, 0);
+}
+
 /// A client of pgmemo with `options` at startup, and the notices it receives.
 async fn client_hearing_notices(
     memo: &PgmemoInstance,

@@ -260,28 +260,22 @@ pub(crate) use wire::frontend::peek::{
     ParseRef,
 };
 
-/// Whether a text-format parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a
-/// date or time parameter reads as the clock.
+/// Whether a parameter holds `now`, `today`, `tomorrow` or `yesterday`, which a date or time
+/// parameter reads as the clock. Binary-format values count too: a text parameter in binary
+/// format (as Npgsql sends them) carries its text, which a cast may read as the clock. A
+/// binary number that happens to spell a word only costs that request its caching.
 pub(crate) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
     let t = b.tail;
     let read_i16 =
         |at: usize| -> Option<i16> { Some(i16::from_be_bytes([*t.get(at)?, *t.get(at + 1)?])) };
     let Some(nfmt) = read_i16(0) else { return true };
     let nfmt = nfmt.max(0) as usize;
-    let format_of = |i: usize| -> i16 {
-        match nfmt {
-            0 => 0,
-            1 => read_i16(2).unwrap_or(0),
-            _ if i < nfmt => read_i16(2 + 2 * i).unwrap_or(0),
-            _ => 0,
-        }
-    };
     let mut pos = 2 + 2 * nfmt;
     let Some(nparams) = read_i16(pos) else {
         return true;
     };
     pos += 2;
-    for i in 0..nparams.max(0) as usize {
+    for _ in 0..nparams.max(0) as usize {
         let Some(len) = t
             .get(pos..pos + 4)
             .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -297,7 +291,7 @@ pub(crate) fn bind_has_time_word(b: &BindMessage<'_>) -> bool {
             return true;
         };
         pos += len;
-        if format_of(i) == 0 && sql::has_time_word(value) {
+        if sql::has_time_word(value) {
             return true;
         }
     }
@@ -534,9 +528,10 @@ mod time_word_tests {
         assert!(has(&[], &["tomorrow 12:00"]));
         assert!(!has(&[], &["1", "no"]));
         assert!(!has(&[], &["42", "2024-01-01"]));
-        // Binary parameters are never read as words.
-        assert!(!has(&[1], &["now"]));
-        assert!(has(&[1, 0], &["now", "now"]));
+        // A text parameter in binary format carries its text.
+        assert!(has(&[1], &["now"]));
+        assert!(has(&[1, 0], &["42", "now"]));
+        assert!(!has(&[1], &["42"]));
         // A word anywhere, as a field of its own (`'00:00 tomorrow'`), in a value short
         // enough to be date/time input.
         assert!(has(&[], &["tomorrow 00:00:00"]));
