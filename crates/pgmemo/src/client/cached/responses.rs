@@ -138,6 +138,11 @@ where
                     match tag {
                         b'D' => flight.internal_rows.push(text_columns(&frame[5..])),
                         b'E' => flight.error = true,
+                        // A setting reported with pgmemo's own query (a reload of the
+                        // server's configuration is reported at the next query, whichever
+                        // it is) changes the context as much as one reported with the
+                        // client's.
+                        b'S' => link.context_stale.store(true, Ordering::Relaxed),
                         b'Z' => {
                             st.status.store(frame[5], Ordering::Relaxed);
                             answered += 1;
