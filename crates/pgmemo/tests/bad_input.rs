@@ -602,6 +602,79 @@ async fn a_client_silent_at_the_password_request_is_closed_after_login_timeout()
     .await
 }
 
+/// With pgmemo checking passwords itself (SCRAM against the userlist), startup and
+/// authentication share one `client_login_timeout` from connect: a client silent at the
+/// password request, and one that spent most of that time trickling its startup packet, are
+/// both closed with 08P01 when it runs out, not a `query_wait_timeout` (which only bounds the
+/// wait for a pool place) or a second `client_login_timeout` later.
+#[tokio::test]
+async fn a_client_stalled_at_a_local_password_request_is_closed_at_its_login_deadline() {
+    within(TEST_DEADLINE, async {
+        let dir = tempfile::tempdir().expect("temp dir for the userlist");
+        let userlist = dir.path().join("userlist.txt");
+        std::fs::write(&userlist, format!("\"{USER}\" \"local-pw\"\n")).unwrap();
+        let login_timeout = Duration::from_secs(2);
+        let pg = pgmemo_with(|c| {
+            c.auth_type = pgmemo::config::AuthType::ScramSha256;
+            c.auth_file = Some(userlist);
+            c.client_login_timeout = pgmemo::config::Seconds(login_timeout);
+            c.query_wait_timeout = pgmemo::config::Seconds(Duration::from_secs(30));
+        })
+        .await;
+        let closed_after = |trickle: bool| {
+            let addr = pg.addr();
+            async move {
+                let started = Instant::now();
+                let mut client = Raw::connect(addr).await;
+                let packet = startup(0, &login_params());
+                if trickle {
+                    // Three quarters of the login time go to the startup packet, a piece at
+                    // a time (the client's behaviour under test, not a wait for pgmemo).
+                    for (i, piece) in packet.chunks(packet.len().div_ceil(4)).enumerate() {
+                        if i > 0 {
+                            tokio::time::sleep(login_timeout / 4).await;
+                        }
+                        client.send(piece).await;
+                    }
+                } else {
+                    client.send(&packet).await;
+                }
+                let request = client.expect_message().await;
+                assert!(
+                    matches!(
+                        request,
+                        BackendMessage::Authentication(Authentication::Sasl { .. })
+                    ),
+                    "pgmemo asks for the password itself: {request:?}"
+                );
+                client.expect_fatal("08P01").await;
+                started.elapsed()
+            }
+        };
+        let (silent, trickled) = tokio::join!(closed_after(false), closed_after(true));
+        for (what, elapsed) in [("silent", silent), ("trickled", trickled)] {
+            assert!(
+                elapsed >= login_timeout - Duration::from_millis(50),
+                "{what}: closed before client_login_timeout: {elapsed:?}"
+            );
+            // A second client_login_timeout for the authentication would close the trickling
+            // client after 3.5 s.
+            assert!(
+                elapsed < login_timeout + Duration::from_millis(1200),
+                "{what}: closed {elapsed:?} after connecting, past client_login_timeout"
+            );
+        }
+        // A client that answers logs in.
+        let url = pg.url_with_password(USER, "local-pw", DB);
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("the password of the userlist logs in");
+        tokio::spawn(conn);
+        client.simple_query("SELECT 1").await.unwrap();
+    })
+    .await
+}
+
 /// A client stalled at the password request (`auth_type = upstream`) holds no place of the
 /// pool: with a pool of one, in both pool modes, another client logs in and queries while the
 /// stalled one waits out its long `client_login_timeout`.

@@ -29,7 +29,7 @@ use wire::{sqlstate, ErrorResponse};
 pub use command::AdminCommand;
 pub use table::Table;
 
-use crate::client::{ClientConn, ClientError};
+use crate::client::{ClientConn, ClientError, LoginDeadline};
 use crate::pool::settings::quote_literal;
 use crate::pool::ServerConn;
 use crate::registry::ClientInfo;
@@ -43,10 +43,15 @@ const MAX_ADMIN_MESSAGE: usize = 64 * 1024;
 
 /// Runs an admin session: authenticate, check the role, then answer commands until the client
 /// leaves.
-pub async fn serve(mut client: ClientConn, startup: StartupMessage, shared: Arc<Shared>) {
+pub async fn serve(
+    mut client: ClientConn,
+    startup: StartupMessage,
+    shared: Arc<Shared>,
+    deadline: LoginDeadline,
+) {
     let peer = client.peer;
     let user = startup.param("user").unwrap_or_default().to_owned();
-    match authorize(&mut client, &startup, &shared).await {
+    match authorize(&mut client, &startup, &shared, deadline).await {
         Ok(()) => {}
         Err(e) => {
             tracing::info!(%peer, %user, error = %e, "admin console login refused");
@@ -70,11 +75,13 @@ pub async fn serve(mut client: ClientConn, startup: StartupMessage, shared: Arc<
     }
 }
 
-/// Authenticates the client like any login (relayed or local), then checks it is an admin.
+/// Authenticates the client like any login (relayed or local, by the same `deadline`), then
+/// checks it is an admin.
 async fn authorize(
     client: &mut ClientConn,
     startup: &StartupMessage,
     shared: &Arc<Shared>,
+    deadline: LoginDeadline,
 ) -> Result<(), ClientError> {
     let config = shared.config();
     let mut auth_startup = startup.clone();
@@ -86,19 +93,14 @@ async fn authorize(
     auth_startup.params.retain(|(k, _)| k != "database");
     auth_startup.params.push(("database".to_owned(), auth_db));
     let user = startup.param("user").unwrap_or_default().to_owned();
-    let wait = config.client_login_timeout.0 + config.query_wait_timeout.0;
     let admins = config.admin_users.clone();
     // Relayed authentication proves the server's own role (the connection's current_user,
     // mapped or not); pgmemo's own proves only the client's name, and a `[databases]` mapping
     // may log the connection in as another, more privileged role.
     let role = (config.auth_type != crate::config::AuthType::Upstream).then(|| user.clone());
     drop(config);
-    let (route, lease, mut server) = tokio::time::timeout(
-        wait,
-        crate::client::login_for_admin(client, shared, &auth_startup),
-    )
-    .await
-    .map_err(|_| ClientError::LoginTimeout)??;
+    let (route, lease, mut server) =
+        crate::client::login_for_admin(client, shared, &auth_startup, deadline).await?;
     let allowed = if admins.is_empty() {
         is_superuser(&mut server, role.as_deref()).await
     } else {

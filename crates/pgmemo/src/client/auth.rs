@@ -37,6 +37,7 @@ fn password_failed(user: &str) -> ErrorResponse {
 /// Checks the client against the userlist and, on success, sends AuthenticationOk. Failures
 /// look like PostgreSQL's (28P01 "password authentication failed for user ..."), including for
 /// unknown users, who go through a mock exchange so their absence is not revealed.
+/// Not timed here: the caller bounds it by the client's login deadline.
 pub async fn authenticate_locally(
     client: &mut ClientConn,
     userlist: &Userlist,
@@ -176,16 +177,17 @@ async fn scram(
 ///
 /// SCRAM-SHA-256-PLUS is removed from the mechanisms offered: channel binding would bind the
 /// client's TLS session with pgmemo, which the server cannot verify.
+///
+/// The client's replies are not timed here: the caller bounds the whole exchange by the
+/// client's login deadline, since the client holds a server connection meanwhile.
 pub async fn relay_upstream_auth(
     client: &mut ClientConn,
     server: &mut ServerConn,
-    (server_timeout, client_timeout): (Duration, Duration),
+    server_timeout: Duration,
 ) -> Result<bool, ClientError> {
     let mut asked = false;
     loop {
-        // The server has `server_timeout` for each answer, the client `client_timeout`
-        // (client_login_timeout) for each reply: meanwhile it holds a pool place and a server
-        // connection.
+        // The server has `server_timeout` for each answer.
         let frame = tokio::time::timeout(server_timeout, server.read_frame())
             .await
             .map_err(|_| ServerError::Timeout(server_timeout))??;
@@ -245,9 +247,7 @@ pub async fn relay_upstream_auth(
         };
         asked = true;
         if expects_reply {
-            let reply = tokio::time::timeout(client_timeout, client.read_frame(MAX_AUTH_MESSAGE))
-                .await
-                .map_err(|_| ClientError::LoginTimeout)??;
+            let reply = client.read_frame(MAX_AUTH_MESSAGE).await?;
             if reply.tag() != b'p' {
                 return Err(ClientError::Protocol(WireError::UnexpectedTag(reply.tag())));
             }

@@ -10,10 +10,10 @@ use wire::backend;
 use wire::startup::StartupMessage;
 
 use super::auth::{authenticate_locally, relay_upstream_auth};
-use super::{ClientConn, ClientError};
+use super::{ClientConn, ClientError, LoginDeadline};
 use crate::config::{AuthType, Config, PoolMode};
 use crate::pool::{
-    Lease, PoolKey, PoolSettings, ReleaseState, ServerConn, ServerCredential, ServerError,
+    Lease, Pool, PoolKey, PoolSettings, ReleaseState, ServerConn, ServerCredential, ServerError,
 };
 use crate::shared::Shared;
 use crate::stats::Stats;
@@ -121,13 +121,15 @@ pub fn give_back_unused(lease: Lease, server: Box<ServerConn>, config: &Config) 
     }
 }
 
-/// Authenticates the client and lends it a server connection. On success the client has
-/// received AuthenticationOk; the caller sends ParameterStatus, BackendKeyData and
-/// ReadyForQuery.
+/// Authenticates the client (by `deadline`) and lends it a server connection (after waiting
+/// up to `query_wait_timeout` for a place, which does not count against the deadline). On
+/// success the client has received AuthenticationOk; the caller sends ParameterStatus,
+/// BackendKeyData and ReadyForQuery.
 pub async fn login(
     client: &mut ClientConn,
     shared: &Arc<Shared>,
     startup: &StartupMessage,
+    mut deadline: LoginDeadline,
 ) -> Result<(Route, Lease, Box<ServerConn>), ClientError> {
     let generation = shared.config_generation();
     let config = shared.config();
@@ -149,32 +151,41 @@ pub async fn login(
         if pool.trust_known() {
             // The server let the last login in without a password: an idle connection serves
             // this one with no exchange, so nothing can stall while the place is held.
-            let mut lease = pool.acquire(wait).await.inspect_err(|_| {
-                Stats::bump(&shared.stats.pool_wait_timeouts);
-            })?;
-            if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
-                client.send(&backend::authentication_ok()).await?;
+            let idle = deadline
+                .not_counting(async {
+                    let mut lease = acquire(&pool, wait, shared).await?;
+                    let conn = lease.take_idle(route.fingerprint, &settings, None).await;
+                    Ok::<_, ClientError>(conn.map(|conn| (lease, conn)))
+                })
+                .await?;
+            if let Some((lease, conn)) = idle {
+                deadline
+                    .bound(client.send(&backend::authentication_ok()))
+                    .await?;
                 return Ok((route, lease, conn));
             }
         }
         // The exchange is relayed over a connection outside the pool's count: a client that
-        // stalls at the password request (for up to `client_login_timeout`) must not keep
+        // stalls at the password request (until its login deadline) must not keep
         // authenticated clients from the pool's servers. Such backends are bounded as they
         // are without pgmemo, by `max_client_conn` and the server's own `max_connections`
         // and `authentication_timeout`.
-        let mut conn = open(shared, &route, upstream_tls).await?;
         let timeout = config.server_connect_timeout.0;
-        let client_timeout = config.client_login_timeout.0;
-        let asked = relay_upstream_auth(client, &mut conn, (timeout, client_timeout)).await?;
+        let (mut conn, asked) = deadline
+            .bound(async {
+                let mut conn = open(shared, &route, upstream_tls).await?;
+                let asked = relay_upstream_auth(client, &mut conn, timeout).await?;
+                Ok((conn, asked))
+            })
+            .await?;
         bounded(timeout, conn.finish_startup()).await?;
         pool.set_trust_known(!asked);
         // Authenticated: the connection joins the pool once it has a place.
-        let mut lease = match pool.acquire(wait).await {
+        let mut lease = match acquire(&pool, wait, shared).await {
             Ok(lease) => lease,
             Err(e) => {
-                Stats::bump(&shared.stats.pool_wait_timeouts);
                 tokio::spawn(conn.close());
-                return Err(e.into());
+                return Err(e);
             }
         };
         lease.reserve_new();
@@ -183,8 +194,15 @@ pub async fn login(
 
     let user = startup.param("user").unwrap_or_default();
     let userlist = shared.userlist();
-    let local =
-        authenticate_locally(client, &userlist, config.auth_type, user, &shared.auth_seed).await?;
+    let local = deadline
+        .bound(authenticate_locally(
+            client,
+            &userlist,
+            config.auth_type,
+            user,
+            &shared.auth_seed,
+        ))
+        .await?;
     // Before an idle connection may serve the login: transaction pooling opens the client's
     // later server connections with these credentials.
     let same_user = route.key.user == user;
@@ -200,15 +218,25 @@ pub async fn login(
         }
         _ => ServerCredential::None,
     };
-    let mut lease = pool.acquire(wait).await.inspect_err(|_| {
-        Stats::bump(&shared.stats.pool_wait_timeouts);
-    })?;
+    let mut lease = acquire(&pool, wait, shared).await?;
     if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
         return Ok((route, lease, conn));
     }
     lease.reserve_new();
     let conn = open_authenticated(shared, &route).await?;
     Ok((route, lease, conn))
+}
+
+/// Queues for a place in `pool` for at most `wait`, counting a failed wait in the stats.
+async fn acquire(
+    pool: &Arc<Pool>,
+    wait: std::time::Duration,
+    shared: &Shared,
+) -> Result<Lease, ClientError> {
+    pool.acquire(wait).await.map_err(|e| {
+        Stats::bump(&shared.stats.pool_wait_timeouts);
+        e.into()
+    })
 }
 
 /// `step` of opening a server connection (authentication, the rest of the startup), within

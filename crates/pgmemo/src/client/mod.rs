@@ -5,6 +5,7 @@
 mod auth;
 mod cached;
 mod conn;
+mod deadline;
 mod login;
 mod quiet;
 mod relay;
@@ -23,6 +24,7 @@ use crate::shared::Shared;
 use crate::stats::Stats;
 
 pub use conn::ClientConn;
+pub(crate) use deadline::LoginDeadline;
 pub(crate) use login::give_back_unused;
 pub(crate) use login::login as login_for_admin;
 pub use login::pool_settings;

@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime};
 use bytes::BytesMut;
 use wire::{backend, sqlstate, ErrorResponse};
 
+use super::deadline::LoginDeadline;
 use super::login::{login, pool_settings};
 use super::relay::{self, End};
 use super::startup::{self, Opening};
@@ -20,12 +21,13 @@ use crate::stats::Stats;
 
 /// Serves a connection from accept to close.
 pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
-    let login_timeout = shared.config().client_login_timeout.0;
+    // One deadline for the startup and the authentication together.
+    let deadline = LoginDeadline::start(shared.config().client_login_timeout.0);
     // Until the client is logged in it has no transaction to finish: once the shutdown grace
     // period is over it is closed like every other session, instead of holding the shutdown up
     // for client_login_timeout.
     let opened = tokio::select! {
-        opened = tokio::time::timeout(login_timeout, startup::open(socket, peer, &shared)) => opened,
+        opened = tokio::time::timeout_at(deadline.instant(), startup::open(socket, peer, &shared)) => opened,
         _ = shared.terminate_sessions.cancelled() => {
             tracing::info!(%peer, "shutting down: closing a client that had not sent its startup packet");
             return;
@@ -50,16 +52,14 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
         .unwrap_or(&user)
         .to_owned();
     if database == crate::admin::ADMIN_DATABASE {
-        crate::admin::serve(client, startup, shared).await;
+        crate::admin::serve(client, startup, shared, deadline).await;
         return;
     }
 
-    let wait = login_timeout + shared.config().query_wait_timeout.0;
+    // Every step of the login is bounded: authentication by the deadline, the wait for a pool
+    // place by query_wait_timeout, opening a server by server_connect_timeout.
     let logged_in = tokio::select! {
-        r = tokio::time::timeout(wait, login(&mut client, &shared, &startup)) => match r {
-            Err(_) => Err(ClientError::LoginTimeout),
-            Ok(r) => r,
-        },
+        r = login(&mut client, &shared, &startup, deadline) => r,
         _ = shared.terminate_sessions.cancelled() => {
             Err(ClientError::Pool(crate::pool::PoolError::Closed))
         }
