@@ -730,6 +730,47 @@ async fn a_client_stalled_at_the_password_request_holds_no_pool_place() {
     .await
 }
 
+/// A client queued for a pool place may send its first queries ahead, behind its startup
+/// packet and while it waits: pgmemo watches a queued client for its departure, but what it
+/// reads meanwhile stays for the session, which answers every query once the place is free.
+#[tokio::test]
+async fn queries_sent_ahead_by_a_queued_client_are_answered() {
+    within(TEST_DEADLINE, async {
+        let pg = pgmemo_with(|c| c.pool_size = 1).await;
+        let mut holder = Raw::login(pg.addr()).await;
+        assert_eq!(holder.query_value("SELECT 1").await, "1");
+        let pool = pg.handle().shared().pools.all()[0].clone();
+
+        let mut queued = Raw::connect(pg.addr()).await;
+        let mut ahead = startup(0, &login_params());
+        ahead.extend_from_slice(&frontend::query("SELECT 41"));
+        queued.send(&ahead).await;
+        assert_eventually(ANSWER_DEADLINE, "the client is queued", || {
+            let pool = &pool;
+            async move { pool.waiting() == 1 }
+        })
+        .await;
+        queued.send(&frontend::query("SELECT 42")).await;
+
+        holder.send(&frontend::terminate()).await;
+        holder.expect_closed().await;
+        queued.finish_login().await;
+        for want in ["41", "42"] {
+            let mut values = Vec::new();
+            loop {
+                match queued.expect_message().await {
+                    BackendMessage::DataRow(row) => values.push(first_column(row.body())),
+                    BackendMessage::ErrorResponse(e) => panic!("SELECT {want} failed: {e}"),
+                    BackendMessage::ReadyForQuery(_) => break,
+                    _ => {}
+                }
+            }
+            assert_eq!(values, vec![Some(want.to_owned())]);
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn max_client_conn_refuses_the_third_client() {
     within(TEST_DEADLINE, async {

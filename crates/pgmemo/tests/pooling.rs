@@ -474,6 +474,75 @@ async fn waiting_clients_are_served_in_arrival_order() {
     pgmemo.shutdown().await;
 }
 
+/// Clients that close their connection while queued for a pool place leave the queue at once:
+/// they keep neither their `max_client_conn` slots nor their turn until `query_wait_timeout`
+/// (when a server would be taken or opened for nobody), and the place goes to the next real
+/// client as soon as it is free.
+#[tokio::test]
+async fn clients_that_leave_while_queued_free_their_slots_at_once() {
+    use tokio::io::AsyncWriteExt;
+    let pgmemo = local_pgmemo(1, |c| {
+        c.max_client_conn = 3;
+        c.query_wait_timeout = seconds(Duration::from_secs(30));
+    })
+    .await;
+    let shared = pgmemo.handle().shared().clone();
+    let a = pgmemo.client(USER, DB).await;
+    backend_pid(&a).await;
+    let pool = shared.pools.all()[0].clone();
+
+    let mut leaving = Vec::new();
+    for _ in 0..2 {
+        let mut socket = tokio::net::TcpStream::connect(pgmemo.addr()).await.unwrap();
+        let startup = wire::startup::StartupMessage::encode([("user", USER), ("database", DB)]);
+        socket.write_all(&startup).await.unwrap();
+        leaving.push(socket);
+    }
+    assert_eventually(SOON, "both clients are queued", || async {
+        pool.waiting() == 2
+    })
+    .await;
+    drop(leaving);
+    assert_eventually(
+        Duration::from_secs(2),
+        "the clients that left free their places in the queue and their slots",
+        || async { pool.waiting() == 0 && shared.client_count() == 1 },
+    )
+    .await;
+
+    // Their slots are free: a client of another pool is admitted (max_client_conn = 3).
+    let other = pgmemo.client(USER, "postgres").await;
+    other.simple_query("SELECT 1").await.unwrap();
+    // And a client queued now gets A's server as soon as A leaves.
+    let url = pgmemo.url(USER, DB);
+    let b = tokio::spawn(async move {
+        let client = testkit::connect(&url).await.expect("B logs in");
+        client.simple_query("SELECT 1").await.map(|_| ())
+    });
+    assert_eventually(SOON, "B is queued", || async { pool.waiting() == 1 }).await;
+    let released = Instant::now();
+    drop(a);
+    tokio::time::timeout(SOON, b)
+        .await
+        .expect("B is served once A left")
+        .unwrap()
+        .expect("B's query");
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "B waited {:?} after A left",
+        released.elapsed()
+    );
+    // No server was opened for the clients that left: A's and the other pool's only.
+    assert_eq!(
+        pgmemo
+            .stats()
+            .server_connects
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    pgmemo.shutdown().await;
+}
+
 #[tokio::test]
 async fn upstream_restart_fails_the_session_then_new_sessions_work() {
     let pg = TempPostgres::start().await.unwrap();

@@ -17,8 +17,8 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsage
 use rustls::pki_types::CertificateDer;
 use tempfile::TempDir;
 use testkit::{
-    pgmemo_config_for, spawn_pgmemo, LocalPostgres, PgmemoInstance, TempPostgres,
-    TempPostgresBuilder,
+    assert_eventually, pgmemo_config_for, spawn_pgmemo, LocalPostgres, PgmemoInstance,
+    TempPostgres, TempPostgresBuilder,
 };
 use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
@@ -333,6 +333,43 @@ async fn client_tls_preferred() {
         .await
         .expect("plain-text login through pgmemo");
     assert_select_one(&client).await;
+}
+
+/// pgmemo notices that a TLS client queued for a pool place has gone, as it does for a plain
+/// one: the client leaves the queue and frees its `max_client_conn` slot at once, not after
+/// `query_wait_timeout`.
+#[tokio::test]
+async fn a_tls_client_that_leaves_while_queued_leaves_the_queue() {
+    let pki = make_pki(&["localhost", "127.0.0.1"]);
+    let pgmemo = start_pgmemo(Config {
+        pool_size: 1,
+        query_wait_timeout: pgmemo::config::Seconds(Duration::from_secs(30)),
+        ..client_tls_config(&pki, ClientTlsMode::Require)
+    })
+    .await;
+    let holder = connect_tls_as_postgres(pgmemo.port(), &pki.ca_der, SslMode::Require)
+        .await
+        .expect("TLS login through pgmemo");
+    assert_select_one(&holder).await;
+    let shared = pgmemo.handle().shared().clone();
+    let pool = shared.pools.all()[0].clone();
+    let (port, ca) = (pgmemo.port(), pki.ca_der.clone());
+    let queued =
+        tokio::spawn(async move { connect_tls_as_postgres(port, &ca, SslMode::Require).await });
+    assert_eventually(LOGIN_TIMEOUT, "the TLS client is queued", || async {
+        pool.waiting() == 1
+    })
+    .await;
+    // Its socket closes with the task.
+    queued.abort();
+    let _ = queued.await;
+    assert_eventually(
+        Duration::from_secs(2),
+        "the TLS client leaves the queue and its slot",
+        || async { pool.waiting() == 0 && shared.client_count() == 1 },
+    )
+    .await;
+    assert_select_one(&holder).await;
 }
 
 /// pgmemo presents the configured certificate: a client that trusts another CA fails the

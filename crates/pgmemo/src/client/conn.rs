@@ -34,6 +34,26 @@ impl ClientConn {
         }
     }
 
+    /// Waits until the client closes its connection (end of stream, or a connection error),
+    /// for a task waiting on something else (a pool place) that must not outlive its client.
+    /// What the client sends meanwhile (requests pipelined behind its startup) is kept in
+    /// `buf`, read as any other read does, so the same works over TLS. Once `limit` bytes are
+    /// buffered it stops reading and never returns: the client is evidently still there, and
+    /// its further bytes wait in the kernel.
+    pub async fn gone(&mut self, limit: usize) -> ClientError {
+        while self.buf.len() < limit {
+            if self.buf.capacity() - self.buf.len() < 1024 {
+                self.buf.reserve(8 * 1024);
+            }
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) => return ClientError::Disconnected,
+                Ok(_) => {}
+                Err(e) => return ClientError::Io(e),
+            }
+        }
+        std::future::pending().await
+    }
+
     /// Writes bytes and flushes.
     pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
         self.stream.write_all(bytes).await?;

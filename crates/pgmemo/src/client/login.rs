@@ -153,7 +153,7 @@ pub async fn login(
             // this one with no exchange, so nothing can stall while the place is held.
             let idle = deadline
                 .not_counting(async {
-                    let mut lease = acquire(&pool, wait, shared).await?;
+                    let mut lease = acquire(client, &pool, wait, shared).await?;
                     let conn = lease.take_idle(route.fingerprint, &settings, None).await;
                     Ok::<_, ClientError>(conn.map(|conn| (lease, conn)))
                 })
@@ -181,7 +181,7 @@ pub async fn login(
         bounded(timeout, conn.finish_startup()).await?;
         pool.set_trust_known(!asked);
         // Authenticated: the connection joins the pool once it has a place.
-        let mut lease = match acquire(&pool, wait, shared).await {
+        let mut lease = match acquire(client, &pool, wait, shared).await {
             Ok(lease) => lease,
             Err(e) => {
                 tokio::spawn(conn.close());
@@ -218,7 +218,7 @@ pub async fn login(
         }
         _ => ServerCredential::None,
     };
-    let mut lease = acquire(&pool, wait, shared).await?;
+    let mut lease = acquire(client, &pool, wait, shared).await?;
     if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
         return Ok((route, lease, conn));
     }
@@ -227,16 +227,30 @@ pub async fn login(
     Ok((route, lease, conn))
 }
 
-/// Queues for a place in `pool` for at most `wait`, counting a failed wait in the stats.
+/// How much a queued client may send ahead (its first queries, pipelined behind the startup)
+/// before pgmemo stops reading it until it has a place: what it sends beyond that waits in
+/// the kernel, and its departure is then noticed only when the wait ends.
+const MAX_AHEAD_WHILE_QUEUED: usize = 64 * 1024;
+
+/// Queues for a place in `pool` for at most `wait` while watching the client: one that closes
+/// its connection meanwhile leaves the queue at once, so that it keeps neither its turn (a
+/// server would be taken or opened for nobody) nor its `max_client_conn` slot until
+/// `query_wait_timeout`. What the client sends meanwhile is kept in its buffer for the
+/// session.
 async fn acquire(
+    client: &mut ClientConn,
     pool: &Arc<Pool>,
     wait: std::time::Duration,
     shared: &Shared,
 ) -> Result<Lease, ClientError> {
-    pool.acquire(wait).await.map_err(|e| {
-        Stats::bump(&shared.stats.pool_wait_timeouts);
-        e.into()
-    })
+    tokio::select! {
+        biased;
+        acquired = pool.acquire(wait) => acquired.map_err(|e| {
+            Stats::bump(&shared.stats.pool_wait_timeouts);
+            e.into()
+        }),
+        gone = client.gone(MAX_AHEAD_WHILE_QUEUED) => Err(gone),
+    }
 }
 
 /// `step` of opening a server connection (authentication, the rest of the startup), within
