@@ -67,8 +67,7 @@ async fn superuser_sees_pools_clients_stats_config_and_version() {
     app.simple_query("SELECT 1").await.unwrap();
 
     let console = admin(&memo, "postgres").await.expect("superuser gets in");
-    // The console's own login borrowed a connection of that pool and gives it back after a
-    // reset in the background; then only the application holds a place.
+    // The console's own login takes no place of that pool: only the application holds one.
     let app_pool = || async {
         rows(&console, "SHOW POOLS")
             .await
@@ -289,6 +288,37 @@ async fn an_admin_login_leaves_a_transaction_pooled_server_as_it_was() {
     let after = app.query_one(&stmt, &[&41i32]).await;
     assert_eq!(after.unwrap().get::<_, i32>(0), 42);
     assert_eq!(show_app_name().await, "kept");
+}
+
+/// The console's login takes no place in the pool it checks the role with: with a pool of
+/// one held by a session, in both pool modes (transaction pooling with the session inside a
+/// transaction), `SHOW POOLS` still answers, and the session's server is untouched.
+#[tokio::test]
+async fn the_console_answers_while_the_pool_is_full() {
+    let pg = cluster().await;
+    for mode in [
+        pgmemo::config::PoolMode::Session,
+        pgmemo::config::PoolMode::Transaction,
+    ] {
+        let mut config = pgmemo_config_for(pg.port());
+        config.pool_mode = mode;
+        config.pool_size = 1;
+        config.query_wait_timeout = pgmemo::config::Seconds(std::time::Duration::from_secs(120));
+        let memo = spawn_pgmemo(config).await.unwrap();
+        let app = memo.client("postgres", "postgres").await;
+        app.batch_execute("BEGIN").await.unwrap();
+        let pid = backend_pid(&app).await;
+        let console = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            let console = admin(&memo, "postgres").await.expect("superuser gets in");
+            rows(&console, "SHOW POOLS").await;
+            console
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{mode:?}: the console waited for the pool's place"));
+        assert!(!rows(&console, "SHOW VERSION").await.is_empty());
+        assert_eq!(backend_pid(&app).await, pid, "{mode:?}: the same server");
+        app.batch_execute("COMMIT").await.unwrap();
+    }
 }
 
 /// The row of `SHOW SERVERS` for the server process `pid`, if listed.

@@ -99,18 +99,28 @@ async fn authorize(
     // may log the connection in as another, more privileged role.
     let role = (config.auth_type != crate::config::AuthType::Upstream).then(|| user.clone());
     drop(config);
-    let (route, lease, mut server) =
-        crate::client::login_for_admin(client, shared, &auth_startup, deadline).await?;
+    // No pool place is taken: the console must answer while the workload fills the pool.
+    let (route, relayed) =
+        crate::client::login_unpooled(client, shared, &auth_startup, deadline).await?;
     let allowed = if admins.is_empty() {
-        is_superuser(&mut server, role.as_deref()).await
+        // A connection of its own, closed after the check.
+        let mut server = match relayed {
+            Some(conn) => conn,
+            None => crate::client::open_authenticated(shared, &route).await?,
+        };
+        let allowed = is_superuser(&mut server, role.as_deref()).await;
+        tokio::spawn(server.close());
+        allowed
     } else {
+        if let Some(conn) = relayed {
+            tokio::spawn(conn.close());
+        }
         // The name the login proved: the client's own with pgmemo's authentication, the
         // server role when relayed (a `[databases]` entry may map the client's name to
         // another, whose password is what the server checked). Both must be listed.
         let proven = role.as_deref().unwrap_or(&route.key.user);
         admins.contains(&user) && admins.iter().any(|a| a == proven)
     };
-    crate::client::give_back_unused(lease, server, &shared.config());
     if !allowed {
         return Err(ClientError::Refused(
             ErrorResponse::fatal(

@@ -104,8 +104,8 @@ pub fn pool_settings(config: &Config) -> PoolSettings {
     }
 }
 
-/// Gives back a server connection lent at login that no client request used (the admin
-/// console's role check, a client gone before its first request). In transaction pooling
+/// Gives back a server connection lent at login that no client request used (a client gone
+/// before its first request). In transaction pooling
 /// pgmemo tracks what the server holds (its prepared statements, its settings), so the
 /// connection goes straight back to its pool: the reset query (`DISCARD ALL`) would drop
 /// what the tracking says is there. In session pooling it is reset as after any session.
@@ -141,44 +141,28 @@ pub async fn login(
     );
     let settings = pool_settings(&config);
     let wait = config.query_wait_timeout.0;
-    let upstream_tls = shared.upstream_tls.as_ref();
 
-    if config.auth_type == AuthType::Upstream {
-        route.credential = match known_password(&config, &route, &shared.userlist()) {
-            Some(p) => ServerCredential::Password(p),
-            None => ServerCredential::None,
-        };
-        if pool.trust_known() {
-            // The server let the last login in without a password: an idle connection serves
-            // this one with no exchange, so nothing can stall while the place is held.
-            let idle = deadline
-                .not_counting(async {
-                    let mut lease = acquire(client, &pool, wait, shared).await?;
-                    let conn = lease.take_idle(route.fingerprint, &settings, None).await;
-                    Ok::<_, ClientError>(conn.map(|conn| (lease, conn)))
-                })
-                .await?;
-            if let Some((lease, conn)) = idle {
-                deadline
-                    .bound(client.send(&backend::authentication_ok()))
-                    .await?;
-                return Ok((route, lease, conn));
-            }
-        }
-        // The exchange is relayed over a connection outside the pool's count: a client that
-        // stalls at the password request (until its login deadline) must not keep
-        // authenticated clients from the pool's servers. Such backends are bounded as they
-        // are without pgmemo, by `max_client_conn` and the server's own `max_connections`
-        // and `authentication_timeout`.
-        let timeout = config.server_connect_timeout.0;
-        let (mut conn, asked) = deadline
-            .bound(async {
-                let mut conn = open(shared, &route, upstream_tls).await?;
-                let asked = relay_upstream_auth(client, &mut conn, timeout).await?;
-                Ok((conn, asked))
+    if config.auth_type == AuthType::Upstream && pool.trust_known() {
+        // The server let the last login in without a password: an idle connection serves
+        // this one with no exchange, so nothing can stall while the place is held.
+        route.credential = upstream_credential(&config, &route, shared);
+        let idle = deadline
+            .not_counting(async {
+                let mut lease = acquire(client, &pool, wait, shared).await?;
+                let conn = lease.take_idle(route.fingerprint, &settings, None).await;
+                Ok::<_, ClientError>(conn.map(|conn| (lease, conn)))
             })
             .await?;
-        bounded(timeout, conn.finish_startup()).await?;
+        if let Some((lease, conn)) = idle {
+            deadline
+                .bound(client.send(&backend::authentication_ok()))
+                .await?;
+            return Ok((route, lease, conn));
+        }
+    }
+    let accepted = authenticate(client, shared, &config, route, startup, &mut deadline).await?;
+    let route = accepted.route;
+    if let Some((conn, asked)) = accepted.relayed {
         pool.set_trust_known(!asked);
         // Authenticated: the connection joins the pool once it has a place.
         let mut lease = match acquire(client, &pool, wait, shared).await {
@@ -191,7 +175,70 @@ pub async fn login(
         lease.reserve_new();
         return Ok((route, lease, conn));
     }
+    let mut lease = acquire(client, &pool, wait, shared).await?;
+    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
+        return Ok((route, lease, conn));
+    }
+    lease.reserve_new();
+    let conn = open_authenticated(shared, &route).await?;
+    Ok((route, lease, conn))
+}
 
+/// Authenticates the client as [`login`] does but takes no place in any pool: the admin
+/// console's login must work while the pool it would share with the workload is full
+/// (exactly when an operator needs `SHOW POOLS`). Returns the connection a relayed exchange
+/// ran on (`auth_type = upstream`), which the caller closes when done.
+pub async fn login_unpooled(
+    client: &mut ClientConn,
+    shared: &Arc<Shared>,
+    startup: &StartupMessage,
+    mut deadline: LoginDeadline,
+) -> Result<(Route, Option<Box<ServerConn>>), ClientError> {
+    let config = shared.config();
+    let route = Route::resolve(&config, startup);
+    let accepted = authenticate(client, shared, &config, route, startup, &mut deadline).await?;
+    Ok((accepted.route, accepted.relayed.map(|(conn, _)| conn)))
+}
+
+/// A client the server (relayed) or pgmemo (userlist) has accepted.
+struct Accepted {
+    /// Its route, with the credential pgmemo opens its server connections with.
+    route: Route,
+    /// The connection a relayed exchange ran on, and whether the server asked for a password.
+    relayed: Option<(Box<ServerConn>, bool)>,
+}
+
+/// Checks the client, by `deadline`: relays its exchange over a new server connection
+/// (`auth_type = upstream`), or checks it against the userlist. No pool place is held
+/// meanwhile: a client that stalls at the password request must not keep authenticated
+/// clients from the pool's servers. The relayed exchange's backends are bounded as they are
+/// without pgmemo, by `max_client_conn` and the server's own `max_connections` and
+/// `authentication_timeout`.
+async fn authenticate(
+    client: &mut ClientConn,
+    shared: &Arc<Shared>,
+    config: &Config,
+    mut route: Route,
+    startup: &StartupMessage,
+    deadline: &mut LoginDeadline,
+) -> Result<Accepted, ClientError> {
+    if config.auth_type == AuthType::Upstream {
+        route.credential = upstream_credential(config, &route, shared);
+        let timeout = config.server_connect_timeout.0;
+        let upstream_tls = shared.upstream_tls.as_ref();
+        let (mut conn, asked) = deadline
+            .bound(async {
+                let mut conn = open(shared, &route, upstream_tls).await?;
+                let asked = relay_upstream_auth(client, &mut conn, timeout).await?;
+                Ok((conn, asked))
+            })
+            .await?;
+        bounded(timeout, conn.finish_startup()).await?;
+        return Ok(Accepted {
+            route,
+            relayed: Some((conn, asked)),
+        });
+    }
     let user = startup.param("user").unwrap_or_default();
     let userlist = shared.userlist();
     let local = deadline
@@ -210,7 +257,7 @@ pub async fn login(
         .password
         .clone()
         .or_else(|| same_user.then_some(local.password).flatten())
-        .or_else(|| known_password(&config, &route, &userlist));
+        .or_else(|| known_password(config, &route, &userlist));
     route.credential = match (password, local.scram_keys) {
         (Some(p), _) => ServerCredential::Password(p),
         (None, Some(keys)) if same_user && route.password.is_none() => {
@@ -218,13 +265,19 @@ pub async fn login(
         }
         _ => ServerCredential::None,
     };
-    let mut lease = acquire(client, &pool, wait, shared).await?;
-    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
-        return Ok((route, lease, conn));
+    Ok(Accepted {
+        route,
+        relayed: None,
+    })
+}
+
+/// What pgmemo opens its own server connections with under `auth_type = upstream`: a
+/// password it holds for the server user, if any.
+fn upstream_credential(config: &Config, route: &Route, shared: &Shared) -> ServerCredential {
+    match known_password(config, route, &shared.userlist()) {
+        Some(p) => ServerCredential::Password(p),
+        None => ServerCredential::None,
     }
-    lease.reserve_new();
-    let conn = open_authenticated(shared, &route).await?;
-    Ok((route, lease, conn))
 }
 
 /// How much a queued client may send ahead (its first queries, pipelined behind the startup)

@@ -25,9 +25,8 @@ use crate::stats::Stats;
 
 pub use conn::ClientConn;
 pub(crate) use deadline::LoginDeadline;
-pub(crate) use login::give_back_unused;
-pub(crate) use login::login as login_for_admin;
 pub use login::pool_settings;
+pub(crate) use login::{give_back_unused, login_unpooled, open_authenticated};
 
 /// Why a client session ended abnormally. Each variant maps to the ErrorResponse the client
 /// gets (if it can still get one) in [`ClientError::to_error_response`].
