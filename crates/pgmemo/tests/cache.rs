@@ -1959,3 +1959,44 @@ async fn a_role_change_in_one_database_reaches_the_cache_of_every_database() {
         Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
     );
 }
+
+/// A client of pgmemo whose session starts under `time_zone`.
+async fn client_in_zone(memo: &PgmemoInstance, time_zone: &str) -> Client {
+    let mut config: tokio_postgres::Config = memo.url("postgres", "postgres").parse().unwrap();
+    config.options(format!("-c TimeZone={time_zone}"));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// PostgreSQL reads a statement's literals under the settings of its Parse and keeps them
+/// after `SET TimeZone`: a named statement executed after the SET is neither answered from nor
+/// stored under the new context, whose fresh parses read the literal another way.
+#[tokio::test]
+async fn a_statement_keeps_the_settings_it_was_parsed_under() {
+    let (_pg, memo, direct) = setup().await;
+    let q = "SELECT '2020-01-01 00:00'::timestamptz = '2020-01-01 00:00+00'::timestamptz, 7";
+    let a = client_in_zone(&memo, "UTC").await;
+    let s1 = a.prepare(q).await.unwrap();
+    let equal = |rows: Vec<tokio_postgres::Row>| rows[0].get::<_, bool>(0);
+    assert!(equal(a.query(&s1, &[]).await.unwrap()));
+    a.batch_execute("SET TimeZone = 'Asia/Tokyo'")
+        .await
+        .unwrap();
+    // Past admission: a cheap result is stored at its second miss.
+    for _ in 0..3 {
+        assert!(equal(a.query(&s1, &[]).await.unwrap()), "parsed under UTC");
+    }
+    assert!(cache_support::refused(&memo, "parsed_under_other_settings").await >= 3);
+    direct
+        .batch_execute("SET TimeZone = 'Asia/Tokyo'")
+        .await
+        .unwrap();
+    assert!(!equal(direct.query(q, &[]).await.unwrap()));
+    let b = client_in_zone(&memo, "Asia/Tokyo").await;
+    // Bind Execute Sync, as A's executions (a Describe in the batch would be a miss).
+    for _ in 0..3 {
+        assert!(!equal(b.query(q, &[]).await.unwrap()), "parsed under Tokyo");
+    }
+    assert!(!equal(b.query_typed(q, &[]).await.unwrap()));
+}

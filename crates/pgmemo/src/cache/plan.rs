@@ -68,6 +68,7 @@ refusals! {
     TooLarge => "too_large",
     NotStored => "response_not_cacheable",
     UnknownStatement => "unknown_prepared_statement",
+    ParsedElsewhere => "parsed_under_other_settings",
     FeedDown => "invalidation_feed_down",
     AwaitingFeed => "awaiting_own_write_on_feed",
     UntrackedSessions => "untracked_sessions",
@@ -166,6 +167,9 @@ pub enum StatementChange {
     Forget(String),
     /// `DEALLOCATE ALL`, `DISCARD ALL`.
     ForgetAll,
+    /// `EXECUTE name`: the server may analyse `name` again (after DDL or a search_path
+    /// change), under settings pgmemo does not tie to the statement.
+    MayAnalyse(String),
 }
 
 fn statement_changes(statements: &[StatementInfo]) -> Vec<StatementChange> {
@@ -173,6 +177,7 @@ fn statement_changes(statements: &[StatementInfo]) -> Vec<StatementChange> {
         .iter()
         .filter_map(|s| match &s.kind {
             StatementKind::Prepare { name, .. } => Some(StatementChange::Forget(name.clone())),
+            StatementKind::Execute { name, .. } => Some(StatementChange::MayAnalyse(name.clone())),
             StatementKind::Deallocate { name: Some(name) } => {
                 Some(StatementChange::Forget(name.clone()))
             }

@@ -110,6 +110,9 @@ struct Pump {
     confirms: Confirmations,
     /// Reused for the frame boundaries of each batch.
     frames: Vec<std::ops::Range<usize>>,
+    /// An Execute was sent since the last Sync: it may have changed the settings the
+    /// messages after it run under (see [`Requests::context_at_send`]).
+    executed_unsynced: bool,
 }
 
 impl Requests<'_> {
@@ -205,7 +208,8 @@ impl Requests<'_> {
                 let frame = self.buf.split_to(len).freeze();
                 let whole = 0..frame.len();
                 if let Some(parse) = self.unnamed_restore(&frame, std::slice::from_ref(&whole)) {
-                    self.restore_unnamed(parse, server).await?;
+                    let ctx = self.context_at_send(pump);
+                    self.restore_unnamed(parse, ctx, server).await?;
                 }
                 self.extended_passthrough(&frame, pump);
                 if tag == b'S' {
@@ -302,14 +306,20 @@ impl Requests<'_> {
     /// a Close), ahead of the messages that use it; the response of the request they belong
     /// to starts with its ParseComplete or CloseComplete, which the server pump keeps from the
     /// client.
+    /// `ctx`: the context the message is sent in ([`Self::context_at_send`]), in which the
+    /// server analyses a restored Parse.
     async fn restore_unnamed<SW: AsyncWrite + Unpin>(
         &mut self,
         message: Bytes,
+        ctx: Option<u64>,
         server: &mut SW,
     ) -> Result<(), PumpError> {
         let answer = if message.first() == Some(&b'C') {
             b'3'
         } else {
+            if let Some(st) = self.session.statements.get_mut(&b""[..]) {
+                st.may_analyse_in(ctx);
+            }
             b'1'
         };
         self.link.push_or_merge(Directive {
@@ -402,6 +412,20 @@ impl Requests<'_> {
             return None;
         }
         self.session.context.as_ref().map(|c| c.id)
+    }
+
+    /// The id of the context a message sent now runs in, when it is known: the trusted one,
+    /// provided every earlier request that may change settings was answered and no Execute
+    /// since the last Sync may have changed them. A Parse records it (see
+    /// `Statement::parsed_in`): PostgreSQL reads the statement's literals under it.
+    fn context_at_send(&self, pump: &Pump) -> Option<u64> {
+        let settled = !pump.executed_unsynced
+            && self.link.last_non_inert.load(Ordering::Relaxed)
+                <= self.link.answered.load(Ordering::Relaxed);
+        if !settled {
+            return None;
+        }
+        self.trusted_context_id()
     }
 
     /// After a commit whose writes only the replication feed will invalidate, reads the WAL
@@ -708,6 +732,9 @@ impl Requests<'_> {
             match change {
                 StatementChange::Forget(name) => self.session.forget(name.as_bytes()),
                 StatementChange::ForgetAll => self.session.statements.clear(),
+                // Not worth tracking the context a SQL EXECUTE runs in: the statement is
+                // simply no longer tied to the settings of its Parse.
+                StatementChange::MayAnalyse(name) => self.may_analyse(name.as_bytes(), None),
             }
         }
     }
@@ -749,6 +776,7 @@ impl Requests<'_> {
     /// each statement's text at its first execution on the connection, for nothing.
     fn track_message(&mut self, frame: &[u8], pump: &mut Pump, execute_effects: bool) {
         let body = &frame[5..];
+        let ctx = self.context_at_send(pump);
         match frame[0] {
             b'P' => {
                 if let Some(p) = parse_message(body) {
@@ -767,6 +795,7 @@ impl Requests<'_> {
                             Bytes::copy_from_slice(p.name),
                             p.text,
                             p.param_types,
+                            ctx,
                         );
                         let epoch = self.session.db.plans_epoch();
                         pump.confirms
@@ -777,7 +806,13 @@ impl Requests<'_> {
             }
             b'B' => {
                 if let Some(b) = bind_message(body) {
+                    self.may_analyse(b.statement, ctx);
                     self.bind_sent(b.portal, b.statement, pump);
+                }
+            }
+            b'D' if body.first() == Some(&b'S') => {
+                if let Some((name, _)) = cstr(&body[1..]) {
+                    self.may_analyse(name, ctx);
                 }
             }
             b'E' if execute_effects => {
@@ -795,8 +830,21 @@ impl Requests<'_> {
             }
             _ => {}
         }
+        match frame[0] {
+            b'E' => pump.executed_unsynced = true,
+            b'S' => pump.executed_unsynced = false,
+            _ => {}
+        }
         if !matches!(frame[0], b'S' | b'H') {
             self.st.unsynced.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A message that makes the server analyse `statement` again if it must (DDL, or a
+    /// search_path or role change, since its Parse) is sent in context `ctx`.
+    fn may_analyse(&mut self, statement: &[u8], ctx: Option<u64>) {
+        if let Some(st) = self.session.statements.get_mut(statement) {
+            st.may_analyse_in(ctx);
         }
     }
 
@@ -897,6 +945,8 @@ impl Requests<'_> {
         let status = self.st.status();
         let config = self.shared.config();
         let shape = cacheable_shape(bytes, frames);
+        // The context a Parse restored ahead of the batch is sent in.
+        let batch_ctx = self.context_at_send(pump);
         // Pipelined batches are served and stored too, but not planned with the catalog.
         let usable = self.usable_now(at_boundary, status, &config);
         // The identity whose key `session.key` holds after a lookup that missed: a capture
@@ -914,9 +964,12 @@ impl Requests<'_> {
                     let p = bytes.slice(frames[0].clone());
                     if let Some(m) = parse_message(&p[5..]) {
                         // Answered by pgmemo (from the cache) if at all: nothing to confirm.
+                        // The server gets it later, if at all (`unnamed_behind`), and its
+                        // context is checked again then.
                         let epoch = self.session.db.plans_epoch();
+                        let ctx = self.context_at_send(pump);
                         self.session
-                            .parsed(Bytes::new(), m.text, m.param_types)
+                            .parsed(Bytes::new(), m.text, m.param_types, ctx)
                             .store(epoch + 1, Ordering::Relaxed);
                     }
                 }
@@ -928,11 +981,12 @@ impl Requests<'_> {
                 let bind = &bytes[frames[usize::from(unnamed_parse)].clone()];
                 if let Some(b) = bind_message(&bind[5..]) {
                     let epoch = self.session.db.plans_epoch();
+                    let ctx = self.trusted_context_id();
                     let identity = self
                         .session
                         .statements
                         .get(b.statement)
-                        .filter(|st| st.confirmed_in(epoch))
+                        .filter(|st| st.confirmed_in(epoch) && st.parsed_in_context(ctx))
                         .map(|st| st.identity.clone());
                     if let Some(identity) = identity {
                         if self.session.start_key(b'E').is_some() {
@@ -1036,14 +1090,18 @@ impl Requests<'_> {
             if shape.is_some() {
                 let bind =
                     &bytes[frames[usize::from(shape.as_ref().is_some_and(|s| s.parse))].clone()];
-                let refusal =
-                    refusal(&plan, usable, time_literal).and_then(|()| {
-                        match bind_message(&bind[5..]) {
-                            Some(b) if !bind_has_time_word(&b) => Ok(()),
-                            Some(_) => Err(Refusal::TimeLiteral),
-                            None => Err(Refusal::UnsupportedBatch),
-                        }
-                    });
+                let parsed_here = self
+                    .session
+                    .statements
+                    .get(stmt_name.as_ref())
+                    .is_some_and(|s| s.parsed_in_context(ctx_id));
+                let refusal = refusal(&plan, usable, time_literal)
+                    .and_then(|()| match bind_message(&bind[5..]) {
+                        Some(b) if !bind_has_time_word(&b) => Ok(()),
+                        Some(_) => Err(Refusal::TimeLiteral),
+                        None => Err(Refusal::UnsupportedBatch),
+                    })
+                    .and_then(|()| parsed_here.then_some(()).ok_or(Refusal::ParsedElsewhere));
                 match refusal {
                     Ok(()) => {
                         let b = bind_message(&bind[5..]);
@@ -1053,6 +1111,7 @@ impl Requests<'_> {
                             .get(stmt_name.as_ref())
                             .filter(|s| !s.in_doubt())
                             .map(|s| s.identity.clone());
+
                         if let (Some(b), Some(identity)) = (b, identity) {
                             // The lookup's key is this one when it was the same statement.
                             let built = looked_up.as_ref().is_some_and(|l| {
@@ -1109,7 +1168,7 @@ impl Requests<'_> {
             self.shared.cache.stats.missed(&c.query);
         }
         if let Some(parse) = self.unnamed_restore(bytes, frames) {
-            self.restore_unnamed(parse, server).await?;
+            self.restore_unnamed(parse, batch_ctx, server).await?;
         }
         let inert = shape.is_some() && read_ok && effects.is_empty();
         let confirms = std::mem::take(&mut pump.confirms);
@@ -1136,7 +1195,12 @@ impl Requests<'_> {
         let epoch = self.session.db.plans_epoch();
         // Borrowed, not cloned: the plan is shared by every session running the statement,
         // and its reference count would be written by all of them on every miss.
-        let (plan, time_literal) = match &self.session.statements.get(bind.statement)?.plan {
+        let st = self
+            .session
+            .statements
+            .get(bind.statement)
+            .filter(|st| st.parsed_in_context(Some(ctx_id)))?;
+        let (plan, time_literal) = match &st.plan {
             Some((id, e, p, t)) if *id == ctx_id && *e == epoch && p.complete => (&**p, *t),
             _ => return None,
         };

@@ -32,6 +32,13 @@ pub struct Statement {
     /// `DEALLOCATE` run by a `DO` block): until its ParseComplete tells which, the name may
     /// stand for either text, so it is neither planned nor captured.
     pub replaced: bool,
+    /// The id of the context the server analysed it in, when known. PostgreSQL reads literals
+    /// (`'2020-01-01'::timestamptz` under TimeZone, dates under DateStyle, backslashes under
+    /// standard_conforming_strings) when it analyses a statement and analyses a saved one
+    /// again only after DDL or a search_path or role change, not after `SET TimeZone`: an
+    /// execution is keyed by the session's context, so it is answered or captured only while
+    /// that context is this one. `None` once the server may have analysed it elsewhere.
+    pub parsed_in: Option<u64>,
 }
 
 /// When the server last accepted a statement: 0 until the ParseComplete of its latest Parse,
@@ -92,6 +99,21 @@ impl Statement {
     /// Whether the server accepted it in plans epoch `epoch` (see [`Confirmed`]).
     pub fn confirmed_in(&self, epoch: u64) -> bool {
         self.confirmed.load(Ordering::Relaxed) == epoch + 1
+    }
+
+    /// Whether the server analysed it in the context `current` (the session's trusted context
+    /// id), so that an execution keyed by that context gets what the server would send.
+    pub fn parsed_in_context(&self, current: Option<u64>) -> bool {
+        self.parsed_in.is_some() && self.parsed_in == current
+    }
+
+    /// The server may analyse it again now (a Bind or Describe of it, or its deferred Parse,
+    /// is sent) in context `ctx` (`None`: not known): unless that is the context it was
+    /// parsed in, its literals may now be read under other settings than pgmemo knows.
+    pub fn may_analyse_in(&mut self, ctx: Option<u64>) {
+        if self.parsed_in != ctx {
+            self.parsed_in = None;
+        }
     }
 
     /// Whether a Parse of `text` and `param_types` is of this statement.
@@ -162,14 +184,22 @@ impl CacheSession {
         Some(())
     }
 
-    /// Records a Parse: `name` now means `text` with these parameter types. Returns the flag
-    /// that the Parse's ParseComplete sets.
-    pub fn parsed(&mut self, name: Bytes, text: &[u8], param_types: &[u8]) -> Confirmed {
+    /// Records a Parse sent in context `parsed_in` (see [`Statement::parsed_in`]): `name` now
+    /// means `text` with these parameter types. Returns the flag that the Parse's
+    /// ParseComplete sets.
+    pub fn parsed(
+        &mut self,
+        name: Bytes,
+        text: &[u8],
+        param_types: &[u8],
+        parsed_in: Option<u64>,
+    ) -> Confirmed {
         // The same statement parsed again (drivers parse the unnamed statement for every
         // query): kept with its plan, to be confirmed again.
         let mut replaced = false;
-        if let Some(st) = self.statements.get(&name[..]) {
+        if let Some(st) = self.statements.get_mut(&name[..]) {
             if st.is(text, param_types) {
+                st.parsed_in = parsed_in;
                 st.confirmed.store(0, Ordering::Relaxed);
                 return Arc::clone(&st.confirmed);
             }
@@ -188,6 +218,7 @@ impl CacheSession {
                 plan: None,
                 confirmed: Arc::clone(&confirmed),
                 replaced,
+                parsed_in,
             },
         );
         confirmed
