@@ -52,6 +52,43 @@ fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
     ]
 }
 
+/// A prepared statement reads its literals under the settings of the session that prepared
+/// it, and keeps that reading after a later SET (PostgreSQL analyses it once). Two clients
+/// that prepare the same text under different TimeZones on one server each get their own
+/// reading, as each would from a server of its own.
+#[tokio::test]
+async fn a_prepared_statement_reads_literals_under_its_clients_settings() {
+    use Who::{A, B};
+    let sql = "SELECT '2020-01-01 00:00'::timestamptz = '2020-01-01 00:00+00'::timestamptz";
+    let q = |sql: &str| vec![msg::query(sql)];
+    let steps = vec![
+        (A, q("SET TimeZone = 'UTC'")),
+        (A, vec![msg::parse("s1", sql, &[]), msg::sync()]),
+        (A, exec("s1", &[])),
+        (B, q("SET TimeZone = 'Asia/Tokyo'")),
+        (B, vec![msg::parse("s1", sql, &[]), msg::sync()]),
+        (B, exec("s1", &[])),
+        // Parsed under UTC: still true after A moves to Tokyo.
+        (A, q("SET TimeZone = 'Asia/Tokyo'")),
+        (A, exec("s1", &[])),
+        (A, exec("s1", &[])),
+        (B, exec("s1", &[])),
+        (B, exec("s1", &[])),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    let rows: Vec<&String> = transcript
+        .iter()
+        .filter(|l| l.contains("DataRow"))
+        .collect();
+    assert_eq!(rows.len(), 6, "{transcript:#?}");
+    for (row, expected) in rows.iter().zip(["t", "f", "t", "t", "f", "f"]) {
+        assert!(
+            row.ends_with(&format!("DataRow [{expected}]")),
+            "{transcript:#?}"
+        );
+    }
+}
+
 /// Settings that a transaction undoes stay undone for their client and never reach another:
 /// a SET in an implicit transaction that fails, a SET rolled back to a savepoint (in one
 /// Query and message by message), a SET before a savepoint that is rolled back (kept), a SET

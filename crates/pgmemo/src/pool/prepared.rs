@@ -27,6 +27,10 @@ pub enum ParamTypes {
 pub struct StatementKey {
     pub text: Box<str>,
     pub types: ParamTypes,
+    /// The preparing client's `ClientSettings::parse_digest`: a statement is analysed under
+    /// the settings of the session that prepares it, so clients that read literals
+    /// differently (another TimeZone, DateStyle, ...) must not share one.
+    pub settings: Arc<str>,
 }
 
 /// One statement as servers know it.
@@ -196,6 +200,7 @@ mod tests {
         StatementKey {
             text: text.into(),
             types: ParamTypes::Oids(Box::new([])),
+            settings: Arc::from(""),
         }
     }
 
@@ -213,8 +218,14 @@ mod tests {
         let other_types = StatementKey {
             text: "SELECT 1".into(),
             types: ParamTypes::Oids(Box::new([23])),
+            settings: Arc::from(""),
         };
         assert_ne!(registry.get_or_register(other_types, sql).id, a.id);
+        let other_settings = StatementKey {
+            settings: Arc::from("8:timezone3:UTC"),
+            ..key("SELECT 1")
+        };
+        assert_ne!(registry.get_or_register(other_settings, sql).id, a.id);
         let id = a.id;
         drop((a, b));
         assert_ne!(registry.get_or_register(key("SELECT 1"), sql).id, id);

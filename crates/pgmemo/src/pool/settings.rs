@@ -37,6 +37,9 @@ pub struct ClientSettings {
     /// Bumped by every committed change, so that what depends on the settings (the cache's
     /// session context) knows when to look again.
     version: u64,
+    /// The effective [`PARSE_SETTINGS`], written as `digest` is: what a statement prepared
+    /// now is analysed under.
+    parse_digest: Arc<str>,
     /// The effective settings written out in name order, rebuilt on every change: what a
     /// server records as the settings it is in step with. Clients sharing servers usually have
     /// the same settings, and comparing this costs a pointer or one short `memcmp` where
@@ -59,8 +62,10 @@ impl ClientSettings {
             overrides: BTreeMap::new(),
             version: 0,
             digest: Arc::from(""),
+            parse_digest: Arc::from(""),
         };
         settings.digest = settings.write_digest();
+        settings.parse_digest = settings.write_parse_digest();
         settings
     }
 
@@ -92,14 +97,32 @@ impl ClientSettings {
             SettingChange::ResetAll => self.overrides.clear(),
         }
         self.digest = self.write_digest();
+        self.parse_digest = self.write_parse_digest();
+    }
+
+    /// The client's settings that PostgreSQL reads when it analyses a statement
+    /// ([`PARSE_SETTINGS`]): a statement prepared on a server under other values of them reads
+    /// its literals differently, so statements are shared between clients only when these
+    /// are equal (`StatementKey::settings`).
+    pub fn parse_digest(&self) -> &Arc<str> {
+        &self.parse_digest
     }
 
     /// Every effective setting as `len:name len:value`, in name order: equal exactly when
     /// the effective settings are (lengths keep any two lists apart).
     fn write_digest(&self) -> Arc<str> {
+        self.digest_of(|_| true)
+    }
+
+    /// [`Self::write_digest`] of the [`PARSE_SETTINGS`] only.
+    fn write_parse_digest(&self) -> Arc<str> {
+        self.digest_of(|name| PARSE_SETTINGS.contains(&name))
+    }
+
+    fn digest_of(&self, keep: impl Fn(&str) -> bool) -> Arc<str> {
         use std::fmt::Write;
         let mut out = String::new();
-        for name in self.sorted_names() {
+        for name in self.sorted_names().into_iter().filter(|n| keep(n)) {
             let value = self.effective(name).expect("listed names have values");
             let _ = write!(out, "{}:{name}{}:{value}", name.len(), value.len());
         }
@@ -120,6 +143,24 @@ impl ClientSettings {
         )
     }
 }
+
+/// Settings (lower case, as client settings are recorded) that PostgreSQL reads when it
+/// parses and analyses a statement rather than when it runs it: how date/time literals are
+/// read (`'2020-01-01 00:00'::timestamptz` becomes a constant under the session's TimeZone at
+/// PREPARE), how string literals are lexed, `= NULL`. A prepared statement keeps that reading
+/// until its plan is invalidated by DDL or a `search_path` change (which it follows on its
+/// own), whatever the session sets later.
+pub const PARSE_SETTINGS: &[&str] = &[
+    "timezone",
+    "datestyle",
+    "intervalstyle",
+    "timezone_abbreviations",
+    "standard_conforming_strings",
+    "backslash_quote",
+    "escape_string_warning",
+    "transform_null_equals",
+    "client_encoding",
+];
 
 /// What pgmemo has set on one server connection beyond the server's own defaults.
 #[derive(Debug, Clone, Default)]

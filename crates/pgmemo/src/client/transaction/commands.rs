@@ -231,6 +231,7 @@ impl Planner<'_> {
                 let key = StatementKey {
                     text: statement.text.as_str().into(),
                     types: ParamTypes::Sql(param_types.clone().into_boxed_slice()),
+                    settings: self.startup.parse_digest().clone(),
                 };
                 let types = if param_types.is_empty() {
                     String::new()

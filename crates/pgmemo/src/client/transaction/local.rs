@@ -69,6 +69,7 @@ pub fn answer(
                 let key = StatementKey {
                     text: sql.into(),
                     types: ParamTypes::Oids(parse.param_types.into_boxed_slice()),
+                    settings: state.settings.parse_digest().clone(),
                 };
                 let statement = registry.get(&key)?;
                 if !statement.validated.load(Ordering::Relaxed) {

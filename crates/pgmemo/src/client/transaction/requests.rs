@@ -455,6 +455,7 @@ fn parse(
     let key = StatementKey {
         text: final_sql.into(),
         types: ParamTypes::Oids(msg.param_types.clone().into_boxed_slice()),
+        settings: link.client.settings.parse_digest().clone(),
     };
     let statement = registry.get_or_register(key, |server_name| {
         StatementSource::Parse(encode_parse(server_name, final_sql, &msg.param_types))

@@ -119,6 +119,12 @@ impl TxnCache {
                         return None;
                     }
                     let s = state.statements.get(name)?;
+                    // Prepared before a SET of a setting that decides how its literals read:
+                    // it keeps the old reading (as in PostgreSQL), which the session's
+                    // context, part of the key, no longer describes.
+                    if s.key.settings != *state.settings.parse_digest() {
+                        return None;
+                    }
                     let ParamTypes::Oids(oids) = &s.key.types else {
                         return None;
                     };
