@@ -849,6 +849,58 @@ async fn hidden_and_indirect_writes_invalidate_what_they_change() {
 }
 
 #[tokio::test]
+async fn settings_changed_by_hidden_code_of_a_write_are_seen() {
+    let (pg, memo, direct) = setup().await;
+    cache_support::settings_changed_by_hidden_code_of_a_write_are_seen(&memo, &pg, &direct).await;
+}
+
+/// A trigger that creates a temporary table shadowing a table of the same name gives the
+/// writing session a context of its own: what it reads from its temporary table is never
+/// served to another session, whose name means the regular table.
+#[tokio::test]
+async fn a_temporary_table_created_by_a_trigger_is_not_shared() {
+    let (pg, memo, direct) = setup_with(|c| {
+        c.cache_admission = pgmemo::config::CacheAdmission::Always;
+    })
+    .await;
+    pg.psql(
+        "CREATE TABLE au_c (id int PRIMARY KEY, v int);
+         INSERT INTO au_c VALUES (1, 6), (2, 7);
+         CREATE FUNCTION au_make_temp() RETURNS trigger VOLATILE LANGUAGE plpgsql
+           AS $$BEGIN
+             CREATE TEMP TABLE au_c (id int, v int);
+             INSERT INTO pg_temp.au_c VALUES (1, 666);
+             RETURN NULL;
+           END$$;
+         CREATE TABLE au_log (x int);
+         CREATE TRIGGER au_log_temp AFTER INSERT ON au_log
+           FOR EACH ROW EXECUTE FUNCTION au_make_temp();",
+    )
+    .await;
+    let a = memo.client("postgres", "postgres").await;
+    // The shape is planned (and its plan memoized) before the temporary table exists.
+    assert_eq!(
+        first(&a, "SELECT v FROM au_c WHERE id = 2")
+            .await
+            .as_deref(),
+        Some("7")
+    );
+    a.batch_execute("INSERT INTO au_log VALUES (1)")
+        .await
+        .unwrap();
+    let q = "SELECT v FROM au_c WHERE id = 1";
+    assert_eq!(
+        first(&a, q).await.as_deref(),
+        Some("666"),
+        "A reads its own"
+    );
+    let b = memo.client("postgres", "postgres").await;
+    for _ in 0..2 {
+        assert_eq!(first(&b, q).await, first(&direct, q).await);
+    }
+}
+
+#[tokio::test]
 async fn results_follow_the_session() {
     let (pg, memo, _direct) = setup().await;
     cache_support::results_follow_the_session(&memo, &pg, "SET ROLE outsider").await;

@@ -297,6 +297,17 @@ async fn hidden_and_indirect_writes_invalidate_what_they_change() {
     .await;
 }
 
+/// One server: the hidden code's `set_config` must not stay on it for the next client.
+#[tokio::test]
+async fn settings_changed_by_hidden_code_of_a_write_are_seen() {
+    within(DEADLINE, async {
+        let (pg, memo, direct) = setup(1).await;
+        cache_support::settings_changed_by_hidden_code_of_a_write_are_seen(&memo, &pg, &direct)
+            .await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn results_follow_the_session() {
     within(DEADLINE, async {

@@ -4,8 +4,8 @@
 //! cache policy needs: each relation's OID, kind, persistence and row-level security; the
 //! relations a result really depends on (partitions and inheritance children and parents, the
 //! base tables behind views, recursively); the tables a write changes besides its target (FK
-//! cascades) and whether triggers or rules make a write reach further; and the volatility of
-//! every function called, all overloads included.
+//! cascades) and what code a write runs unseen (triggers, rules, defaults, constraints); and
+//! the volatility of every function called, all overloads included.
 
 use std::fmt::Write as _;
 
@@ -39,11 +39,42 @@ pub struct Relation {
     pub row_security: bool,
     pub schema: String,
     pub name: String,
-    /// User triggers or rules, or a column default calling a volatile user-defined function:
-    /// a write to it may change tables pgmemo cannot name.
-    pub hidden_writes: bool,
+    /// What code a write to it runs besides the write itself (triggers, rules, column
+    /// defaults, CHECK and domain constraints): what that code may change, the session's
+    /// settings and temporary tables included, is an effect of the write.
+    pub hidden_code: HiddenCode,
     /// A view's definition, to find the functions it calls.
     pub view_definition: Option<String>,
+}
+
+/// Code a write to a relation runs without the statement naming it, by what it may change.
+/// A write is planned from the statement's text, so what this code does must be added to the
+/// write's effects, or the session's next read is keyed and planned as if it had not run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HiddenCode {
+    /// None, or only built-in functions that change neither settings nor tables pgmemo reads
+    /// (`nextval()` of a serial column, `random()`, `now()`).
+    #[default]
+    Nothing,
+    /// `set_config` in a column default or a CHECK or domain constraint: it changes the
+    /// session's settings (which are part of the key) and nothing else.
+    Settings,
+    /// User triggers or rules, or a volatile user-defined function in a column default or a
+    /// CHECK or domain constraint: they may write tables pgmemo cannot name, change settings,
+    /// create temporary tables and run DDL, as `DO` may.
+    Anything,
+}
+
+impl HiddenCode {
+    /// Reads the lookup's column (`w`, `s` or `n`).
+    fn from_column(value: Option<&str>) -> Option<HiddenCode> {
+        match value {
+            Some("w") => Some(HiddenCode::Anything),
+            Some("s") => Some(HiddenCode::Settings),
+            Some("n") => Some(HiddenCode::Nothing),
+            _ => None,
+        }
+    }
 }
 
 /// OIDs below this belong to objects initdb created: the built-in functions.
@@ -182,6 +213,13 @@ pub fn lookup_query(
 /// the stored expression, as `pg_depend` records no dependency on built-in functions; a
 /// conversion through text there (`'today'::text::date`) counts as stable.
 ///
+/// A relation's hidden code (`'r'` rows, see [`HiddenCode`]): its user triggers, its rules
+/// other than a view's `_RETURN`, and the volatile functions its column defaults, CHECK
+/// constraints and its columns' domains (their CHECK constraints and defaults; a domain over
+/// another domain for its own only) call, read from the stored expressions as above: a
+/// user-defined one may do anything, `set_config` changes settings, other built-in ones
+/// (`nextval()`) neither.
+///
 /// A cast to a domain (`'x'::currency`) runs the domain's CHECK constraints: the functions
 /// and operators they call count among the cast's (`'c'` rows), as a user-defined cast's
 /// function does.
@@ -198,10 +236,18 @@ deps(i, oid, how) AS (
   ) x
 )
 SELECT 'r', d.i, d.oid::pg_catalog.int8, d.how, c.relkind::pg_catalog.text, c.relpersistence::pg_catalog.text, c.relrowsecurity::pg_catalog.text, n.nspname::pg_catalog.text, c.relname::pg_catalog.text,
-  ((c.relkind OPERATOR(pg_catalog.<>) 'v' AND c.relhasrules) OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND NOT t.tgisinternal)
-   OR EXISTS (SELECT 1 FROM pg_catalog.pg_attrdef ad JOIN pg_catalog.pg_depend ddp ON ddp.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND ddp.objid OPERATOR(pg_catalog.=) ad.oid AND ddp.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass JOIN pg_catalog.pg_proc dpr ON dpr.oid OPERATOR(pg_catalog.=) ddp.refobjid WHERE ad.adrelid OPERATOR(pg_catalog.=) c.oid AND dpr.provolatile OPERATOR(pg_catalog.=) 'v' AND dpr.oid OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid))::pg_catalog.text,
+  CASE WHEN (c.relhasrules AND EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite hr WHERE hr.ev_class OPERATOR(pg_catalog.=) c.oid AND hr.ev_type OPERATOR(pg_catalog.<>) '1'))
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND NOT t.tgisinternal)
+    OR hc.level OPERATOR(pg_catalog.=) 2 THEN 'w' WHEN hc.level OPERATOR(pg_catalog.=) 1 THEN 's' ELSE 'n' END,
   CASE WHEN c.relkind OPERATOR(pg_catalog.=) 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END
   FROM deps d JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.oid JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+  LEFT JOIN LATERAL (SELECT pg_catalog.max(CASE WHEN hp.oid OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid THEN 2 ELSE 1 END) AS level FROM pg_catalog.pg_proc hp
+    WHERE hp.provolatile OPERATOR(pg_catalog.=) 'v' AND (hp.oid OPERATOR(pg_catalog.>=) 16384::pg_catalog.oid OR hp.proname OPERATOR(pg_catalog.=) 'set_config')
+    AND hp.oid OPERATOR(pg_catalog.=) ANY (SELECT ((pg_catalog.regexp_matches(x.e, ':(?:op)?funcid ([0-9]+)', 'g'))[1])::pg_catalog.oid FROM (
+      SELECT ad.adbin::pg_catalog.text AS e FROM pg_catalog.pg_attrdef ad WHERE ad.adrelid OPERATOR(pg_catalog.=) c.oid
+      UNION ALL SELECT con.conbin::pg_catalog.text FROM pg_catalog.pg_constraint con WHERE con.conrelid OPERATOR(pg_catalog.=) c.oid AND con.contype OPERATOR(pg_catalog.=) 'c'
+      UNION ALL SELECT con.conbin::pg_catalog.text FROM pg_catalog.pg_attribute att JOIN pg_catalog.pg_constraint con ON con.contypid OPERATOR(pg_catalog.=) att.atttypid AND con.contype OPERATOR(pg_catalog.=) 'c' WHERE att.attrelid OPERATOR(pg_catalog.=) c.oid AND att.attnum OPERATOR(pg_catalog.>) 0 AND NOT att.attisdropped
+      UNION ALL SELECT ty.typdefaultbin::pg_catalog.text FROM pg_catalog.pg_attribute att JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) att.atttypid WHERE att.attrelid OPERATOR(pg_catalog.=) c.oid AND att.attnum OPERATOR(pg_catalog.>) 0 AND NOT att.attisdropped) x)) hc ON true
 UNION ALL SELECT 'u', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM roots WHERE oid IS NULL
 UNION ALL SELECT 't', i, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM names WHERE nsp IS NULL AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.relname OPERATOR(pg_catalog.=) names.rel AND c.relpersistence OPERATOR(pg_catalog.=) 't')
 UNION ALL SELECT 'p', f.i, p.oid::pg_catalog.int8, CASE WHEN p.prokind OPERATOR(pg_catalog.=) 'a' THEN (
@@ -267,7 +313,7 @@ pub fn parse_facts(rows: &[Row]) -> Result<Facts, CatalogError> {
                     row_security: col(row, 6) == Some("true"),
                     schema: col(row, 7).unwrap_or_default().to_owned(),
                     name: col(row, 8).unwrap_or_default().to_owned(),
-                    hidden_writes: col(row, 9) == Some("true"),
+                    hidden_code: HiddenCode::from_column(col(row, 9)).ok_or_else(bad)?,
                     view_definition: col(row, 10).map(str::to_owned),
                 });
             }
@@ -383,7 +429,7 @@ mod tests {
                 Some("false"),
                 Some("public"),
                 Some("t"),
-                Some("false"),
+                Some("n"),
                 None,
             ]),
             r(&[

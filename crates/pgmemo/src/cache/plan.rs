@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sql::{IsolationLevel, StatementInfo, StatementKind, TransactionCommand};
 
-use super::catalog::{Facts, Reach};
+use super::catalog::{Facts, HiddenCode, Reach};
 use super::stats::QueryStats;
 
 macro_rules! refusals {
@@ -590,12 +590,29 @@ fn dml_effects(s: &StatementInfo, inputs: &Inputs<'_>) -> Effects {
             if r.reach != Reach::Ancestor && !e.writes.contains(&r.oid) {
                 e.writes.push(r.oid);
             }
-            if r.hidden_writes {
-                e.database_wide = true;
-            }
+            hidden_code_effects(r.hidden_code, &mut e);
         }
     }
     e
+}
+
+/// What the code a write runs unseen may do (see [`HiddenCode`]). Code that may change
+/// settings counts as `DO` does: the session's context is read again before its next read is
+/// keyed (a temporary table it created gives the session a context of its own), and the
+/// memoized plans go unless the feed reports DDL.
+fn hidden_code_effects(code: HiddenCode, e: &mut Effects) {
+    match code {
+        HiddenCode::Nothing => {}
+        HiddenCode::Settings => {
+            e.settings = true;
+            e.hidden_settings = true;
+        }
+        HiddenCode::Anything => {
+            e.database_wide = true;
+            e.settings = true;
+            e.hidden_settings = true;
+        }
+    }
 }
 
 fn read_plan(s: &StatementInfo, inputs: &Inputs<'_>) -> Result<ReadPlan, Refusal> {

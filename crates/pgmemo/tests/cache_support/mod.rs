@@ -1430,3 +1430,66 @@ pub async fn a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed(
         "ROLLBACK; UPDATE"
     );
 }
+
+/// Tables whose writes run code that calls `set_config('bytea_output', 'escape', false)`:
+/// a trigger (`au_log`), a column default (`au_default`), a CHECK constraint's volatile
+/// function (`au_check`) and a rule (`au_ruled`); and `au_t`, whose `b` reads differently
+/// under each `bytea_output`.
+pub async fn hidden_set_config_tables(pg: &TempPostgres) {
+    pg.psql(
+        r"CREATE TABLE au_t (id int PRIMARY KEY, b bytea);
+          INSERT INTO au_t VALUES (1, '\x00ff');
+          CREATE FUNCTION au_escape() RETURNS trigger VOLATILE LANGUAGE plpgsql
+            AS $$BEGIN PERFORM set_config('bytea_output', 'escape', false); RETURN NEW; END$$;
+          CREATE TABLE au_log (x int);
+          CREATE TRIGGER au_log_escape BEFORE INSERT ON au_log
+            FOR EACH ROW EXECUTE FUNCTION au_escape();
+          CREATE TABLE au_default (x int, y text DEFAULT set_config('bytea_output', 'escape', false));
+          CREATE FUNCTION au_chk(int) RETURNS boolean VOLATILE LANGUAGE plpgsql
+            AS $$BEGIN PERFORM set_config('bytea_output', 'escape', false); RETURN true; END$$;
+          CREATE TABLE au_check (x int CHECK (au_chk(x)));
+          CREATE TABLE au_ruled (x int);
+          CREATE RULE au_ruled_escape AS ON INSERT TO au_ruled
+            DO ALSO SELECT set_config('bytea_output', 'escape', false);",
+    )
+    .await;
+}
+
+/// A write whose hidden code (see [`hidden_set_config_tables`]) changes `bytea_output` of the
+/// writing session A: what A reads next is not stored under the context A had before, so a
+/// fresh session B (hex output) reads the bytes PostgreSQL gives it. `pool_size` 1 under
+/// transaction pooling also checks that the change does not stay on the server for B.
+pub async fn settings_changed_by_hidden_code_of_a_write_are_seen(
+    memo: &PgmemoInstance,
+    pg: &TempPostgres,
+    direct: &Client,
+) {
+    hidden_set_config_tables(pg).await;
+    let mut wrong = Vec::new();
+    for (i, table) in ["au_log", "au_default", "au_check", "au_ruled"]
+        .into_iter()
+        .enumerate()
+    {
+        let q = format!("SELECT b, {i} FROM au_t WHERE id = 1");
+        let expected = first(direct, &q).await;
+        assert_eq!(expected.as_deref(), Some(r"\x00ff"));
+        let a = memo.client("postgres", "postgres").await;
+        // A's context is read before the write.
+        first(&a, "SELECT v FROM t WHERE id = 1").await;
+        a.batch_execute(&format!("INSERT INTO {table} (x) VALUES (1)"))
+            .await
+            .unwrap();
+        // Twice: a cheap result is stored from its second miss.
+        for _ in 0..2 {
+            first(&a, &q).await;
+        }
+        let b = memo.client("postgres", "postgres").await;
+        for _ in 0..2 {
+            let got = first(&b, &q).await;
+            if got != expected {
+                wrong.push((table, got));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "B read A's bytea_output: {wrong:?}");
+}
