@@ -541,20 +541,40 @@ async fn silent_client_is_closed_after_login_timeout() {
     .await
 }
 
+/// A cluster that asks role `pw_user` (password `pw-secret`) for its password.
+async fn password_cluster() -> testkit::TempPostgres {
+    let cluster = testkit::TempPostgres::builder()
+        .hba("host all pw_user 127.0.0.1/32 md5")
+        .no_default_trust()
+        .start()
+        .await
+        .expect("cluster starts");
+    cluster
+        .psql("CREATE ROLE pw_user LOGIN PASSWORD 'pw-secret'")
+        .await;
+    cluster
+}
+
+/// Logs `pw_user` of [`password_cluster`] in through `memo` and runs a query.
+async fn password_login(
+    memo: &PgmemoInstance,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let url = format!(
+        "postgres://pw_user:pw-secret@127.0.0.1:{}/postgres",
+        memo.addr().port()
+    );
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    client.simple_query("SELECT 1").await?;
+    Ok(client)
+}
+
 /// With `auth_type = upstream` a client that never answers the server's password request
 /// holds a server connection: after `client_login_timeout` it gets 08P01 and is closed.
 #[tokio::test]
 async fn a_client_silent_at_the_password_request_is_closed_after_login_timeout() {
     within(TEST_DEADLINE, async {
-        let cluster = testkit::TempPostgres::builder()
-            .hba("host all pw_user 127.0.0.1/32 md5")
-            .no_default_trust()
-            .start()
-            .await
-            .expect("cluster starts");
-        cluster
-            .psql("CREATE ROLE pw_user LOGIN PASSWORD 'pw-secret'")
-            .await;
+        let cluster = password_cluster().await;
         let mut config = pgmemo_config_for(cluster.port());
         config.client_login_timeout = pgmemo::config::Seconds(Duration::from_millis(300));
         config.query_wait_timeout = pgmemo::config::Seconds(Duration::from_secs(10));
@@ -589,15 +609,9 @@ async fn a_client_silent_at_the_password_request_is_closed_after_login_timeout()
             elapsed < Duration::from_secs(3),
             "closed too late: {elapsed:?}"
         );
-        let url = format!(
-            "postgres://pw_user:pw-secret@127.0.0.1:{}/postgres",
-            memo.addr().port()
-        );
-        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        password_login(&memo)
             .await
             .expect("the next client gets the pool place");
-        tokio::spawn(conn);
-        client.simple_query("SELECT 1").await.unwrap();
     })
     .await
 }
@@ -681,15 +695,7 @@ async fn a_client_stalled_at_a_local_password_request_is_closed_at_its_login_dea
 #[tokio::test]
 async fn a_client_stalled_at_the_password_request_holds_no_pool_place() {
     within(TEST_DEADLINE, async {
-        let cluster = testkit::TempPostgres::builder()
-            .hba("host all pw_user 127.0.0.1/32 md5")
-            .no_default_trust()
-            .start()
-            .await
-            .expect("cluster starts");
-        cluster
-            .psql("CREATE ROLE pw_user LOGIN PASSWORD 'pw-secret'")
-            .await;
+        let cluster = password_cluster().await;
         for mode in POOL_MODES {
             let mut config = pgmemo_config_for(cluster.port());
             config.client_login_timeout = pgmemo::config::Seconds(Duration::from_secs(120));
@@ -709,17 +715,7 @@ async fn a_client_stalled_at_the_password_request_holds_no_pool_place() {
                 matches!(request, BackendMessage::Authentication(_)),
                 "{mode:?}: the server's password request is relayed: {request:?}"
             );
-            let url = format!(
-                "postgres://pw_user:pw-secret@127.0.0.1:{}/postgres",
-                memo.addr().port()
-            );
-            let login = async {
-                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-                tokio::spawn(conn);
-                client.simple_query("SELECT 1").await?;
-                Ok::<_, tokio_postgres::Error>(client)
-            };
-            let client = tokio::time::timeout(Duration::from_secs(20), login)
+            let client = tokio::time::timeout(Duration::from_secs(20), password_login(&memo))
                 .await
                 .unwrap_or_else(|_| panic!("{mode:?}: the stalled login holds the pool's place"))
                 .unwrap_or_else(|e| panic!("{mode:?}: {e}"));

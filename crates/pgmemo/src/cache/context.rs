@@ -136,6 +136,9 @@ pub struct Context {
     pub id: u64,
     /// `current_user`, `session_user`, then the settings' values.
     pub values: Vec<String>,
+    /// See [`Context::hears_log_messages`]; worked out once here, as it is asked on every
+    /// request the cache sees.
+    hears_log_messages: bool,
 }
 
 impl Context {
@@ -162,8 +165,7 @@ impl Context {
     /// `notice`): statements then send messages that depend on more than the statement (its
     /// duration, the server's log settings), which a cached answer cannot reproduce.
     pub fn hears_log_messages(&self) -> bool {
-        self.setting("client_min_messages")
-            .is_some_and(|level| level == "log" || level.starts_with("debug"))
+        self.hears_log_messages
     }
 
     /// How the session reads string literals.
@@ -186,8 +188,14 @@ impl Contexts {
         if let Some(c) = known.get(&values) {
             return Arc::clone(c);
         }
+        let level = KEY_SETTINGS
+            .iter()
+            .position(|s| *s == "client_min_messages")
+            .and_then(|i| values.get(i + 2));
         let c = Arc::new(Context {
             id: self.next.fetch_add(1, Ordering::Relaxed) + 1,
+            hears_log_messages: level
+                .is_some_and(|level| level == "log" || level.starts_with("debug")),
             values: values.clone(),
         });
         known.insert(values, Arc::clone(&c));

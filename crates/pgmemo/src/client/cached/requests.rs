@@ -776,10 +776,10 @@ impl Requests<'_> {
     /// each statement's text at its first execution on the connection, for nothing.
     fn track_message(&mut self, frame: &[u8], pump: &mut Pump, execute_effects: bool) {
         let body = &frame[5..];
-        let ctx = self.context_at_send(pump);
         match frame[0] {
             b'P' => {
                 if let Some(p) = parse_message(body) {
+                    let ctx = self.context_at_send(pump);
                     // PostgreSQL refuses a Parse of a name in use (42P05) and keeps the
                     // statement it has; one of another text may also be accepted, when the
                     // server dropped the old one unseen (see `Statement::replaced`).
@@ -806,12 +806,14 @@ impl Requests<'_> {
             }
             b'B' => {
                 if let Some(b) = bind_message(body) {
+                    let ctx = self.context_at_send(pump);
                     self.may_analyse(b.statement, ctx);
                     self.bind_sent(b.portal, b.statement, pump);
                 }
             }
             b'D' if body.first() == Some(&b'S') => {
                 if let Some((name, _)) = cstr(&body[1..]) {
+                    let ctx = self.context_at_send(pump);
                     self.may_analyse(name, ctx);
                 }
             }
@@ -967,9 +969,8 @@ impl Requests<'_> {
                         // The server gets it later, if at all (`unnamed_behind`), and its
                         // context is checked again then.
                         let epoch = self.session.db.plans_epoch();
-                        let ctx = self.context_at_send(pump);
                         self.session
-                            .parsed(Bytes::new(), m.text, m.param_types, ctx)
+                            .parsed(Bytes::new(), m.text, m.param_types, batch_ctx)
                             .store(epoch + 1, Ordering::Relaxed);
                     }
                 }
