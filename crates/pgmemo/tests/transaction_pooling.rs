@@ -1325,6 +1325,52 @@ async fn a_client_waiting_longer_than_query_wait_timeout_gets_an_error() {
     .await
 }
 
+/// A logged-in client queued for a server (every place taken by open transactions) that closes
+/// its connection leaves the queue at once: it keeps neither its turn nor its
+/// `max_client_conn` slot until `query_wait_timeout`, and its request never takes a server
+/// for nobody once a place is free.
+#[tokio::test]
+async fn a_client_that_leaves_while_queued_for_a_server_leaves_the_queue() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("txn_left_queue", "(n int)").await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.query_wait_timeout = Seconds(Duration::from_secs(60));
+        })
+        .await;
+        let shared = pgmemo.handle().shared().clone();
+        let a = pgmemo.client(USER, DB).await;
+        let mut leaving = Vec::new();
+        for _ in 0..2 {
+            leaving.push(txn_support::Raw::login(pgmemo.port()).await);
+        }
+        hold(&a).await;
+        let pool = shared.pools.all()[0].clone();
+        for raw in &mut leaving {
+            raw.send(&[txn_support::msg::query(&format!(
+                "INSERT INTO {t} VALUES (1)"
+            ))])
+            .await;
+        }
+        testkit::assert_eventually(SOON, "both clients are queued", || async {
+            pool.waiting() == 2
+        })
+        .await;
+        drop(leaving);
+        testkit::assert_eventually(
+            Duration::from_secs(5),
+            "the clients that left leave the queue and free their slots",
+            || async { pool.waiting() == 0 && shared.client_count() == 1 },
+        )
+        .await;
+        // Their requests were never sent: A's server, free again, serves nobody else.
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(value(&a, &format!("SELECT count(*) FROM {t}")).await, "0");
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_clients_share_eight_server_connections() {
     within(Duration::from_secs(180), async {

@@ -283,7 +283,7 @@ fn upstream_credential(config: &Config, route: &Route, shared: &Shared) -> Serve
 /// How much a queued client may send ahead (its first queries, pipelined behind the startup)
 /// before pgmemo stops reading it until it has a place: what it sends beyond that waits in
 /// the kernel, and its departure is then noticed only when the wait ends.
-const MAX_AHEAD_WHILE_QUEUED: usize = 64 * 1024;
+pub(super) const MAX_AHEAD_WHILE_QUEUED: usize = 64 * 1024;
 
 /// Queues for a place in `pool` for at most `wait` while watching the client: one that closes
 /// its connection meanwhile leaves the queue at once, so that it keeps neither its turn (a

@@ -218,7 +218,15 @@ pub async fn run(
                 Detached::Attach(None) => {}
             }
         }
-        let (lease, mut server) = match checkout.attach(shared, route).await {
+        // Queued for a place (or waiting for a new connection), the client is watched: one
+        // that closes its connection leaves the queue at once instead of taking a server for
+        // nobody when its turn comes, as at login. Polled only when no place is free at once.
+        let attached = tokio::select! {
+            biased;
+            attached = checkout.attach(shared, route) => attached,
+            gone = client.gone(super::login::MAX_AHEAD_WHILE_QUEUED) => Err(gone),
+        };
+        let (lease, mut server) = match attached {
             Ok(v) => v,
             Err(e) => {
                 if let Some(err) = e.to_error_response() {
