@@ -988,7 +988,10 @@ impl Pumps<'_, '_> {
                         .map_err(PumpError::Protocol)?;
                 }
             }
-            if wake {
+            // The server pump times a client idle inside its transaction while the server owes
+            // nothing: a request sent now must stop that timer, or a statement running longer
+            // than `idle_transaction_timeout` would end the session as if the client were idle.
+            if wake || (!out.is_empty() && !self.opts.idle_timeout.is_zero()) {
                 self.wake.raise();
             }
             if !out.is_empty() {
