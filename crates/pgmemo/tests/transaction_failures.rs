@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use pgmemo::config::Seconds;
 use testkit::{connect_watched, sqlstate, within, LocalPostgres};
-use txn_support::{backend_pid, txn_pgmemo, value, DB, TEST_DEADLINE, USER};
+use txn_support::{
+    backend_pid, msg, side_by_side, txn_pgmemo, value, Raw, DB, TEST_DEADLINE, USER,
+};
 
 /// `idle_transaction_timeout` is about a client that is idle inside its transaction: a
 /// statement it sends there and that runs for longer than the timeout is busy, not idle.
@@ -93,6 +95,39 @@ async fn a_server_terminated_mid_transaction_ends_only_its_clients_session() {
         assert_eq!(value(&b, "SELECT 2").await, "2");
         let c = pgmemo.client(USER, DB).await;
         assert_eq!(value(&c, "SELECT 3").await, "3");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+/// What a raw client inside a transaction reads until its connection closes when its backend
+/// is terminated from elsewhere, on `port`.
+async fn terminated_in_transaction(port: u16) -> Vec<String> {
+    let direct = LocalPostgres.client(USER, DB).await;
+    let mut a = Raw::login(port).await;
+    a.exchange(&[msg::query("BEGIN")]).await;
+    let pid = a.exchange(&[msg::query("SELECT pg_backend_pid()")]).await;
+    let pid: i32 = pid[1]
+        .trim_start_matches("DataRow [")
+        .trim_end_matches(']')
+        .parse()
+        .unwrap();
+    direct
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    a.until_closed().await
+}
+
+/// The client of a server terminated mid-transaction reads what a direct client reads: the
+/// server's FATAL, once, then the end of the connection.
+#[tokio::test]
+async fn a_terminated_server_s_fatal_reaches_its_client_once() {
+    within(TEST_DEADLINE, async {
+        let direct = terminated_in_transaction(LocalPostgres::PORT).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let proxied = terminated_in_transaction(pgmemo.port()).await;
+        assert_eq!(direct, proxied, "{}", side_by_side(&direct, &proxied));
         pgmemo.shutdown().await;
     })
     .await

@@ -391,6 +391,34 @@ impl Raw {
         }
     }
 
+    /// Every message up to the end of the connection, one line each (see [`describe`]);
+    /// ParameterStatus, notices and notifications are left out.
+    pub async fn until_closed(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            while self.buf.len() >= 5 {
+                let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
+                if self.buf.len() <= len {
+                    break;
+                }
+                let (tag, body) = (self.buf[0], self.buf[5..1 + len].to_vec());
+                self.buf.drain(..1 + len);
+                if !matches!(tag, b'S' | b'N' | b'A') {
+                    lines.push(describe(tag, &body));
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let n = tokio::time::timeout(SOON, self.stream.read(&mut chunk))
+                .await
+                .unwrap_or_else(|_| panic!("{}: not closed within {SOON:?}", self.context))
+                .unwrap_or(0);
+            if n == 0 {
+                return lines;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
     /// Sends `messages` in one write and returns every answer up to the ReadyForQuery of the
     /// last Sync, Query or FunctionCall among them, one line each (see [`describe`]); ParameterStatus,
     /// notices and notifications are left out.

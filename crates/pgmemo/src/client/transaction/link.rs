@@ -255,6 +255,10 @@ pub struct Link<'a> {
     /// An error of what pgmemo prepared ahead of the client's Query (see
     /// `Entry::holds_error`), until that Query's answer has ended.
     pub held_error: Option<bytes::BytesMut>,
+    /// The client got a FATAL error of the server (terminated by an administrator, a
+    /// restart): when the connection then closes, pgmemo has nothing to add, as PostgreSQL
+    /// says it once.
+    pub fatal_forwarded: bool,
 }
 
 impl Link<'_> {

@@ -630,6 +630,7 @@ async fn serve_attached(
         skip_parameter_description: false,
         copy_in: false,
         held_error: None,
+        fatal_forwarded: false,
     });
     let wake = Flag::default();
     let retry = Flag::default();
@@ -911,8 +912,9 @@ impl Pumps<'_, '_> {
             PumpError::Protocol(e) => End::ClientProtocol(e),
             PumpError::Server(e) => {
                 tracing::debug!(error = %e, "server connection failed");
+                let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 End::ServerGone {
-                    fatal_forwarded: false,
+                    fatal_forwarded: link.fatal_forwarded,
                 }
             }
             PumpError::ServerProtocol(e) => {

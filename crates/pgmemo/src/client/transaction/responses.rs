@@ -79,6 +79,9 @@ pub fn process(
             ),
             None => on_message(header.tag, frame, link, params),
         };
+        if header.tag == backend::tag::ERROR_RESPONSE && !matches!(action, Action::Swallow) {
+            note_fatal(frame, link);
+        }
         if let Some(cache) = link.cache.as_deref_mut() {
             match &action {
                 Action::Forward => {
@@ -119,6 +122,15 @@ pub fn process(
         released,
         need,
     })
+}
+
+/// Notes a FATAL error on its way to the client: the server closes the connection after it,
+/// and the client must not get a second error about that.
+#[cold]
+fn note_fatal(frame: &[u8], link: &mut Link<'_>) {
+    if wire::ErrorResponse::parse(&frame[5..]).is_ok_and(|e| e.is_fatal()) {
+        link.fatal_forwarded = true;
+    }
 }
 
 /// Sends pgmemo's own answers that are at the front of the queue. Returns whether any was.
