@@ -8,9 +8,10 @@ mod txn_support;
 use std::time::Duration;
 
 use pgmemo::config::Seconds;
-use testkit::{connect_watched, sqlstate, within, LocalPostgres};
+use testkit::{connect_watched, sqlstate, within, LocalPostgres, TempPostgres};
 use txn_support::{
-    backend_pid, msg, side_by_side, txn_pgmemo, value, Raw, DB, TEST_DEADLINE, USER,
+    backend_pid, create_table, drop_table, msg, side_by_side, txn_pgmemo, value, Raw, DB,
+    TEST_DEADLINE, USER,
 };
 
 /// `idle_transaction_timeout` is about a client that is idle inside its transaction: a
@@ -129,6 +130,105 @@ async fn a_terminated_server_s_fatal_reaches_its_client_once() {
         let proxied = terminated_in_transaction(pgmemo.port()).await;
         assert_eq!(direct, proxied, "{}", side_by_side(&direct, &proxied));
         pgmemo.shutdown().await;
+    })
+    .await
+}
+
+/// An upstream restart: the client inside a transaction gets the server's FATAL and its
+/// session ends; a client between transactions loses nothing (its next transaction gets a
+/// new server, never a dead one), and while the server is down a request gets a clean error.
+#[tokio::test]
+async fn an_upstream_restart_ends_only_sessions_inside_a_transaction() {
+    within(TEST_DEADLINE, async {
+        let pg = TempPostgres::start().await.expect("starting PostgreSQL");
+        let pgmemo = txn_pgmemo(pg.port(), 2, |_| {}).await;
+        let url = pgmemo.url(USER, "postgres");
+        let between = pgmemo.client(USER, "postgres").await;
+        let (inside, inside_conn) = connect_watched(&url).await;
+        let down = pgmemo.client(USER, "postgres").await;
+        assert_eq!(value(&between, "SELECT 1").await, "1");
+        inside.batch_execute("BEGIN").await.unwrap();
+        let before = backend_pid(&inside).await;
+
+        pg.stop().await.unwrap();
+        let ended = tokio::time::timeout(txn_support::SOON, inside_conn)
+            .await
+            .expect("the session inside a transaction was not closed")
+            .unwrap();
+        let e = ended.expect_err("closed without an error");
+        assert_eq!(sqlstate(&e), Some("57P01"), "{e:?}");
+        // Down: a clean error, at once.
+        let e = down
+            .simple_query("SELECT 1")
+            .await
+            .expect_err("the server is down");
+        assert_eq!(sqlstate(&e), Some("08006"), "{e:?}");
+
+        pg.start_again().await.unwrap();
+        assert_eq!(value(&between, "SELECT 2").await, "2");
+        assert_ne!(backend_pid(&between).await, before);
+        let after = pgmemo.client(USER, "postgres").await;
+        assert_eq!(value(&after, "SELECT 3").await, "3");
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+/// A client that vanishes mid-COPY, or with an extended-protocol batch sent without its Sync,
+/// leaves nothing on the server it had: what it wrote is not committed and the next client
+/// finds no transaction open.
+#[tokio::test]
+async fn a_client_gone_mid_copy_or_mid_batch_leaves_nothing_behind() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("txn_gone_mid", "(v text)").await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let b = pgmemo.client(USER, DB).await;
+        let count =
+            format!("SELECT count(*) || ' ' || (txid_current_if_assigned() IS NULL) FROM {t}");
+
+        let mut a = Raw::login(pgmemo.port()).await;
+        a.send(&[msg::query(&format!("COPY {t} FROM STDIN"))]).await;
+        a.until(b'G').await;
+        a.send(&[msg::copy_data(b"copied\n")]).await;
+        drop(a);
+        assert_eq!(value(&b, &count).await, "0 true", "after a COPY cut short");
+
+        let mut a = Raw::login(pgmemo.port()).await;
+        let insert = format!("INSERT INTO {t} VALUES ($1)");
+        a.send(&[
+            msg::parse("", &insert, &[]),
+            msg::bind("", "", &[Some("synced")]),
+            msg::execute("", 0),
+            msg::sync(),
+            msg::parse("", &insert, &[]),
+            msg::bind("", "", &[Some("unsynced")]),
+            msg::execute("", 0),
+            msg::flush(),
+        ])
+        .await;
+        a.until(b'Z').await;
+        a.until(b'C').await;
+        drop(a);
+        assert_eq!(
+            value(&b, &count).await,
+            "1 true",
+            "after a batch without Sync"
+        );
+        assert_eq!(
+            value(&b, &format!("SELECT string_agg(v, ',') FROM {t}")).await,
+            "synced"
+        );
+
+        // Half a message after a whole one.
+        let mut a = Raw::login(pgmemo.port()).await;
+        let mut half = msg::query(&format!("INSERT INTO {t} VALUES ('half')"));
+        half.truncate(half.len() / 2);
+        a.send(&[msg::query("BEGIN"), half]).await;
+        a.until(b'Z').await;
+        drop(a);
+        assert_eq!(value(&b, &count).await, "1 true", "after half a message");
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
     })
     .await
 }

@@ -313,6 +313,10 @@ pub mod msg {
         frame(b'F', &b)
     }
 
+    pub fn copy_data(data: &[u8]) -> Vec<u8> {
+        frame(b'd', data)
+    }
+
     pub fn flush() -> Vec<u8> {
         frame(b'H', &[])
     }
@@ -388,6 +392,21 @@ impl Raw {
                 .unwrap_or_else(|e| panic!("{}: read: {e}", self.context));
             assert!(n > 0, "{}: the connection closed", self.context);
             self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Reads messages up to and including the first of type `tag`, one line each (see
+    /// [`describe`]), ParameterStatus, notices and notifications left out.
+    pub async fn until(&mut self, tag: u8) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            let (t, body) = self.recv().await;
+            if !matches!(t, b'S' | b'N' | b'A') {
+                lines.push(describe(t, &body));
+            }
+            if t == tag {
+                return lines;
+            }
         }
     }
 
