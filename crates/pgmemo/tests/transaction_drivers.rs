@@ -434,6 +434,43 @@ async fn protocol_level_name_errors_match_postgres() {
     }
 }
 
+/// A Parse of several statements fails with PostgreSQL's own 42601 ("cannot insert multiple
+/// commands into a prepared statement"), named or unnamed, whatever the statements are: not
+/// with pgmemo's refusal of a PREPARE or DISCARD ALL among them (0A000, 25001). The name stays
+/// free and no setting changes.
+#[tokio::test]
+async fn a_parse_of_several_statements_fails_as_in_postgres() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let mut steps = Vec::new();
+        for (i, sql) in [
+            "SELECT 1; SELECT 2",
+            "PREPARE x AS SELECT 1; SELECT 1",
+            "DEALLOCATE ALL; SELECT 1",
+            "DISCARD ALL; SELECT 1",
+            "SET work_mem = '1MB'; SELECT 1",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let name = format!("m{i}");
+            steps.push((A, vec![msg::parse(&name, sql, &[]), msg::sync()]));
+            steps.push((A, exec(&name, &[])));
+            steps.push((A, [vec![msg::parse("", sql, &[])], exec("", &[])].concat()));
+        }
+        steps.push((A, vec![msg::query("SHOW work_mem")]));
+        let transcript = same_as_postgres(&steps).await;
+        let refused =
+            "Error ERROR 42601: cannot insert multiple commands into a prepared statement";
+        assert_eq!(
+            transcript.iter().filter(|l| l.ends_with(refused)).count(),
+            10,
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}
+
 /// A Close of the unnamed statement that the server skips (an error earlier in its batch)
 /// leaves the statement where it was, as PostgreSQL does: still the client's, and never run
 /// by another client sharing the server, whether pgmemo sent the Close on (the server held

@@ -145,6 +145,11 @@ impl Planner<'_> {
             return Plan::Plain;
         };
         let many = analysis.statements.len() > 1;
+        if many && matches!(protocol, Protocol::Extended { .. }) {
+            // PostgreSQL refuses a Parse of several statements (42601) before looking at
+            // any of them: the server says so, not a refusal of pgmemo's about one of them.
+            return Plan::Plain;
+        }
         let mut outcomes = Vec::with_capacity(analysis.statements.len());
         let mut prep = Vec::new();
         let mut pieces: Vec<(std::ops::Range<usize>, String)> = Vec::new();
