@@ -471,6 +471,30 @@ async fn a_parse_of_several_statements_fails_as_in_postgres() {
     .await;
 }
 
+/// The errors pgmemo makes the server raise for a client's request (an unknown or duplicate
+/// statement name) are run as the server's unnamed statement. Another client sharing that
+/// server that has no unnamed statement gets 26000 for its Bind or Describe of it, as in
+/// PostgreSQL: it ran pgmemo's statement, and saw the first client's error and statement name.
+#[tokio::test]
+async fn another_clients_error_is_not_the_unnamed_statement_of_the_next() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (A, exec("nope", &[])),
+            (B, exec("", &[])),
+            (A, vec![msg::parse("d", "SELECT 1", &[]), msg::sync()]),
+            (A, vec![msg::parse("d", "SELECT 2", &[]), msg::sync()]),
+            (B, vec![msg::describe(b'S', ""), msg::sync()]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        let gone = "Error ERROR 26000: unnamed prepared statement does not exist";
+        for line in [format!(" 1 B| {gone}"), format!(" 4 B| {gone}")] {
+            assert!(transcript.contains(&line), "{line}: {transcript:#?}");
+        }
+    })
+    .await;
+}
+
 /// A Close of the unnamed statement that the server skips (an error earlier in its batch)
 /// leaves the statement where it was, as PostgreSQL does: still the client's, and never run
 /// by another client sharing the server, whether pgmemo sent the Close on (the server held

@@ -106,7 +106,8 @@ pub struct ServerConn {
 #[derive(Default)]
 pub struct ServerSession {
     pub statements: super::ServerStatements,
-    /// `(client tag, parse number)` of the client Parse that made the unnamed statement.
+    /// `(client tag, parse number)` of the client Parse that made the unnamed statement
+    /// (`(0, 0)`: one pgmemo made for itself, see `transaction::link::OWN_UNNAMED`).
     pub unnamed: Option<(u64, u64)>,
     pub settings: super::settings::ServerSettings,
     /// Statements whose plan went stale after DDL: closed before the next request, so that

@@ -29,6 +29,12 @@ pub struct Unnamed {
     pub plain: bool,
 }
 
+/// `ServerSession::unnamed` of a server whose unnamed statement is pgmemo's own (the `DO`
+/// block of an error it makes the server raise): no client's, so a client's Bind or Describe
+/// of the unnamed statement closes it (the client has none) or replaces it, and never runs it.
+/// Client tags start at 1.
+pub const OWN_UNNAMED: (u64, u64) = (0, 0);
+
 /// Everything about a client that outlives its transactions.
 pub struct ClientState {
     /// Tells server connections whose unnamed statement they hold.

@@ -15,7 +15,7 @@ use super::cache::{Pipelined, TxnCache};
 use super::commands::{
     duplicate, ensure_on, missing, raise_sql, Effect, Outcome, Plan, Planner, Protocol, ServerPrep,
 };
-use super::link::{Entry, Expect, Link, Revert, Unnamed};
+use super::link::{Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use crate::cache::plan::Effects;
 use crate::pool::settings::sync_sql;
 use crate::pool::{
@@ -756,7 +756,7 @@ fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
         max_rows: 0,
     }
     .encode(out);
-    link.server.unnamed = None;
+    link.server.unnamed = Some(OWN_UNNAMED);
     link.queue.push_back(Entry::swallow(Expect::Parse));
     link.queue.push_back(Entry::swallow(Expect::Bind));
     link.queue.push_back(Entry::forward(Expect::Execute));
