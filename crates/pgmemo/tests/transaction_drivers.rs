@@ -301,6 +301,48 @@ async fn a_named_parse_in_an_aborted_block_fails_and_takes_no_name() {
     .await;
 }
 
+/// A named Parse of a statement the server already holds, where the server is in an aborted
+/// block when it gets there, behaves as in PostgreSQL: refused (25P02, the name stays free)
+/// also when the block was aborted by a request pipelined ahead of it, in the block or from
+/// outside one (pgmemo answered ParseComplete itself, and the name was taken); accepted when
+/// it is a ROLLBACK (it got 42P05 about pgmemo's server-side name).
+#[tokio::test]
+async fn a_named_parse_behind_an_aborting_request_is_refused_as_in_postgres() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let parse = |name: &str, sql: &str| vec![msg::parse(name, sql, &[]), msg::sync()];
+        let q = |sql: &str| vec![msg::query(sql)];
+        let steps = vec![
+            (A, parse("s0", "SELECT 1")),
+            (A, parse("r1", "ROLLBACK")),
+            (A, q("BEGIN")),
+            // 3: pipelined behind the Query that aborts the block.
+            (A, [q("SELECT 1/0"), parse("s1", "SELECT 1")].concat()),
+            (A, parse("r2", "ROLLBACK")),
+            (A, exec("r2", &[])),
+            (A, exec("s1", &[])),
+            // 7: the Query begins the block and aborts it.
+            (
+                A,
+                [q("BEGIN; SELECT 1/0"), parse("s2", "SELECT 1"), q("ROLLBACK")].concat(),
+            ),
+            (A, exec("s2", &[])),
+            (A, [parse("s3", "SELECT 1"), exec("s3", &[])].concat()),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        for line in [
+            " 3 A| Error ERROR 25P02: current transaction is aborted, commands ignored until end of transaction block",
+            " 5 A| CommandComplete ROLLBACK",
+            " 6 A| Error ERROR 26000: prepared statement \"s1\" does not exist",
+            " 8 A| Error ERROR 26000: prepared statement \"s2\" does not exist",
+            " 9 A| DataRow [1]",
+        ] {
+            assert!(transcript.iter().any(|l| l == line), "{line}: {transcript:#?}");
+        }
+    })
+    .await;
+}
+
 /// A `DISCARD ALL` in an extended-protocol batch that the server skips (an error earlier in
 /// the batch) drops nothing, as in PostgreSQL: the client's statements still run; one that
 /// runs drops them.

@@ -385,6 +385,19 @@ impl Link<'_> {
         !self.owes_nothing() && !self.copy_in && self.retry.is_none()
     }
 
+    /// Whether the server may be in an aborted transaction block when it reaches the next
+    /// message: the client's block is (as of its last ReadyForQuery), or a request queued
+    /// ahead (a Query, a batch ended by Sync) may leave it so. An error earlier in the same
+    /// batch needs no care: the server then skips the message.
+    pub fn may_be_aborted(&self) -> bool {
+        self.client.status == TransactionStatus::Failed
+            || self.plain.is_some()
+            || self
+                .queue
+                .iter()
+                .any(|e| matches!(e.expect, Expect::Sync | Expect::Query))
+    }
+
     /// Every answer the server owes was delivered.
     pub fn owes_nothing(&self) -> bool {
         self.queue.is_empty() && self.plain.is_none()

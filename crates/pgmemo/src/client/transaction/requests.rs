@@ -468,9 +468,9 @@ fn parse(
             .effects
             .insert(name.clone(), (statement.clone(), outcome));
     }
-    // The server holds it already: answered here, except in an aborted block, where the
-    // server refuses any Parse (25P02) and the name is not taken: sent, so that its error is
-    // the client's, and the client's record goes with the error.
+    // The server holds it already: answered here, unless the server may be in an aborted
+    // block when it gets there, where PostgreSQL refuses a Parse (25P02) unless it is of
+    // ROLLBACK or COMMIT, and the name is then not taken.
     let held = link.server.statements.touch(&statement);
     let revert = |statement, on_server| {
         Some(Box::new(Revert {
@@ -480,11 +480,23 @@ fn parse(
             closed: false,
         }))
     };
-    if held && link.client.status != wire::backend::TransactionStatus::Failed {
+    if held && !link.may_be_aborted() {
         let mut entry = Entry::local(parse_complete());
         entry.revert = revert(statement, false);
         link.queue.push_back(entry);
         return Ok(true);
+    }
+    if held {
+        // The same text as the unnamed statement: the server accepts or refuses it just as
+        // PostgreSQL would the client's Parse, and its answer is the client's; the client's
+        // record goes with an error.
+        let mut entry = Entry::forward(Expect::Parse);
+        entry.revert = revert(statement, false);
+        entry.unnamed = Some(link.unnamed_undo(false));
+        link.server.unnamed = Some(OWN_UNNAMED);
+        out.extend_from_slice(&encode_parse("", final_sql, &msg.param_types));
+        link.queue.push_back(entry);
+        return Ok(false);
     }
     if !held {
         if let Some(evicted) = link
