@@ -343,6 +343,55 @@ async fn a_named_parse_behind_an_aborting_request_is_refused_as_in_postgres() {
     .await;
 }
 
+/// A Bind or Describe of a statement name the client does not have fails with 26000 also
+/// inside an aborted block, as in PostgreSQL (which looks the name up first): pgmemo's error
+/// came from a `DO` block the aborted server refused with 25P02. Also when the block was
+/// aborted by a request pipelined ahead of it, and the rest of the batch is still skipped.
+#[tokio::test]
+async fn an_unknown_statement_in_an_aborted_block_is_reported_as_in_postgres() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let q = |sql: &str| vec![msg::query(sql)];
+        let steps = vec![
+            (A, vec![msg::parse("s0", "SELECT 1", &[]), msg::sync()]),
+            (A, q("BEGIN")),
+            (A, q("SELECT 1/0")),
+            (A, exec("nope", &[])),
+            (A, vec![msg::describe(b'S', "nope"), msg::sync()]),
+            (A, q("ROLLBACK")),
+            (A, q("BEGIN")),
+            (
+                A,
+                [
+                    q("SELECT 1/0"),
+                    vec![
+                        msg::bind("", "nope", &[]),
+                        msg::execute("", 0),
+                        msg::parse("", "ROLLBACK", &[]),
+                        msg::bind("", "", &[]),
+                        msg::execute("", 0),
+                        msg::sync(),
+                    ],
+                ]
+                .concat(),
+            ),
+            (A, q("ROLLBACK")),
+            (A, exec("s0", &[])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        let nope = "Error ERROR 26000: prepared statement \"nope\" does not exist";
+        for line in [
+            format!(" 3 A| {nope}"),
+            format!(" 4 A| {nope}"),
+            format!(" 7 A| {nope}"),
+            " 7 A| ReadyForQuery E".to_owned(),
+        ] {
+            assert!(transcript.contains(&line), "{line}: {transcript:#?}");
+        }
+    })
+    .await;
+}
+
 /// A `DISCARD ALL` in an extended-protocol batch that the server skips (an error earlier in
 /// the batch) drops nothing, as in PostgreSQL: the client's statements still run; one that
 /// runs drops them.

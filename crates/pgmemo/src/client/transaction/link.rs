@@ -118,6 +118,8 @@ pub struct Entry {
     pub expect: Expect,
     /// Forward the server's answers (false: pgmemo's own message; errors still go through).
     pub forward: bool,
+    /// pgmemo's own answer (`Expect::Local`), or, on an entry that is `raised`, the error the
+    /// client gets in place of the server's.
     pub synthetic: Option<Bytes>,
     /// Per statement of a Query (or the one of an Execute), in order.
     pub outcomes: Vec<Outcome>,

@@ -612,7 +612,7 @@ fn statement_for_use(
         return Some(None);
     }
     let Some(statement) = link.client.statements.get(name).cloned() else {
-        emit_raise(&missing(name), link, out);
+        emit_missing(name, link, out);
         return None;
     };
     ensure(&statement, link, out);
@@ -772,6 +772,27 @@ fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
     link.queue.push_back(Entry::swallow(Expect::Parse));
     link.queue.push_back(Entry::swallow(Expect::Bind));
     link.queue.push_back(Entry::forward(Expect::Execute));
+}
+
+/// A statement name no server ever holds: longer than PostgreSQL's identifiers (63 bytes),
+/// so no SQL-level `PREPARE` can create it, and pgmemo's own Parses use `pgmemo_<n>`.
+const NEVER_PREPARED: &str =
+    "pgmemo_never_prepared_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+
+/// Answers a Bind or Describe of the client's statement `name`, which it does not have: the
+/// server is asked to describe a statement it cannot have, so that it fails with 26000 where
+/// PostgreSQL would, also in an aborted block (where a raising `DO` block fails with 25P02
+/// instead), and skips the rest of the batch; the client gets its own statement's name.
+fn emit_missing(name: &str, link: &mut Link<'_>, out: &mut BytesMut) {
+    Describe {
+        target: Target::Statement,
+        name: Bytes::from_static(NEVER_PREPARED.as_bytes()),
+    }
+    .encode(out);
+    let mut entry = Entry::forward(Expect::DescribeStatement);
+    entry.raised = true;
+    entry.synthetic = Some(missing(name).encode());
+    link.queue.push_back(entry);
 }
 
 /// Makes the server raise `error` as the answer to the client's current message, so that

@@ -208,7 +208,10 @@ fn on_message(
             (forwarding(link), false)
         }
         backend::tag::ERROR_RESPONSE => {
-            let raised = link.queue.front().is_some_and(|e| e.raised);
+            let (raised, instead) = match link.queue.front_mut() {
+                Some(e) if e.raised => (true, e.synthetic.take()),
+                _ => (false, None),
+            };
             let retry = note_stale_plan(&frame[5..], link);
             on_error(link);
             if let Some(from) = retry {
@@ -238,6 +241,9 @@ fn on_message(
                     }
                 }
                 _ => {}
+            }
+            if let Some(instead) = instead {
+                return (Action::Replace(BytesMut::from(&instead[..])), false);
             }
             if raised {
                 if let Ok(e) = wire::ErrorResponse::parse(&frame[5..]) {
