@@ -790,10 +790,12 @@ async fn scram_impostor() -> (u16, tokio::task::JoinHandle<()>) {
             s.write_all(&auth(10, b"SCRAM-SHA-256\0\0")).await.unwrap();
             let first = message(&mut s).await;
             let text = String::from_utf8_lossy(&first);
+            // The nonce is everything after the first ",r=": it never holds a comma, but
+            // it may hold "r=" itself (printable characters at random).
             let nonce = text
-                .split("r=")
-                .nth(1)
+                .split_once(",r=")
                 .unwrap()
+                .1
                 .trim_end_matches('\0')
                 .to_owned();
             let server_first = format!("r={nonce}impostor,s=c2FsdHNhbHQ=,i=4096");
