@@ -2052,3 +2052,78 @@ async fn a_statement_keeps_the_settings_it_was_parsed_under() {
     }
     assert!(!equal(b.query_typed(q, &[]).await.unwrap()));
 }
+
+/// pgmemo's own queries on a session's server (planning a statement shape it has not seen,
+/// reading the session's settings) run between a client's Parse of the unnamed statement
+/// and its later Binds of it, as libpq's `PQexecPrepared` with `""` sends them: they leave the
+/// unnamed statement in place, in and out of a transaction block, as PostgreSQL would.
+#[tokio::test]
+async fn the_unnamed_statement_survives_pgmemos_own_queries() {
+    let (_pg, memo, direct) = setup().await;
+    // A write to a table with a trigger makes the session read its settings again.
+    direct
+        .batch_execute(
+            "CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
+             CREATE TRIGGER noop BEFORE UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION noop();",
+        )
+        .await
+        .unwrap();
+    let mut r = raw::Raw::connect(memo.addr()).await;
+    for (begin, write, read) in [
+        (
+            None,
+            "DELETE FROM t WHERE id = $1",
+            "SELECT v FROM t WHERE id = $1",
+        ),
+        (
+            Some("BEGIN"),
+            "UPDATE t SET v = v WHERE id = $1",
+            "SELECT v, id FROM t WHERE id = $1",
+        ),
+    ] {
+        if let Some(begin) = begin {
+            r.round_trip(&[raw::query(begin)]).await;
+        }
+        for (n, sql) in [write, read].into_iter().enumerate() {
+            let (tags, _) = r
+                .round_trip(&[
+                    raw::parse(sql, &[]),
+                    raw::describe_statement(),
+                    raw::bind(&["7"]),
+                    raw::execute(),
+                    raw::sync(),
+                ])
+                .await;
+            assert!(!tags.contains(&'E'), "{sql}: {tags:?}");
+            // A named portal lasts until the block ends: one name per statement.
+            let portal = format!("p{n}");
+            let mut execute_body = portal.as_bytes().to_vec();
+            execute_body.extend_from_slice(&[0, 0, 0, 0, 0]);
+            for (bind, execute) in [
+                (raw::bind(&["2"]), raw::execute()),
+                (bind_portal(&portal, &["2"]), raw::msg(b'E', &execute_body)),
+            ] {
+                let answer = r.round_trip_bytes(&[bind, execute, raw::sync()]).await;
+                assert!(
+                    answer.first() != Some(&b'E'),
+                    "{sql} bound again: {}",
+                    String::from_utf8_lossy(&answer)
+                );
+            }
+        }
+    }
+    r.round_trip(&[raw::query("ROLLBACK")]).await;
+}
+
+/// Bind of the portal `portal` to the unnamed statement, text parameters and results.
+fn bind_portal(portal: &str, params: &[&str]) -> Vec<u8> {
+    let mut body = portal.as_bytes().to_vec();
+    body.extend_from_slice(&[0, 0, 0, 0]);
+    body.extend_from_slice(&(params.len() as i16).to_be_bytes());
+    for p in params {
+        body.extend_from_slice(&(p.len() as i32).to_be_bytes());
+        body.extend_from_slice(p.as_bytes());
+    }
+    body.extend_from_slice(&[0, 0]);
+    raw::msg(b'B', &body)
+}

@@ -276,6 +276,53 @@ pub fn query(sql: &str) -> Bytes {
     out.freeze()
 }
 
+/// The statement and portal names of [`own_queries`]: names no driver picks.
+pub const OWN_STATEMENT: &str = "pgmemo own query";
+
+/// Runs `statements` in order as one extended-protocol request (text results, no
+/// parameters, one Sync at the end), under a named statement and portal that it closes
+/// again. Unlike a simple Query, it leaves the session's unnamed statement and unnamed portal
+/// as they were, so a proxy can ask a server things between a client's Parse and its Bind.
+/// After an error the server skips the rest up to the Sync, as for a simple Query; a
+/// statement left prepared by such an error is closed first by the next call.
+pub fn own_queries(statements: &[&str]) -> Bytes {
+    let name = OWN_STATEMENT;
+    let len: usize = statements.iter().map(|s| s.len() + 120).sum();
+    let mut out = BytesMut::with_capacity(len + 5);
+    for sql in statements {
+        put_message(&mut out, tag::CLOSE, |b| {
+            b.put_u8(b'S');
+            put_cstr(b, name);
+        });
+        put_message(&mut out, tag::PARSE, |b| {
+            put_cstr(b, name);
+            put_cstr(b, sql);
+            b.put_i16(0);
+        });
+        put_message(&mut out, tag::BIND, |b| {
+            put_cstr(b, name);
+            put_cstr(b, name);
+            b.put_i16(0);
+            b.put_i16(0);
+            b.put_i16(0);
+        });
+        put_message(&mut out, tag::EXECUTE, |b| {
+            put_cstr(b, name);
+            b.put_i32(0);
+        });
+        put_message(&mut out, tag::CLOSE, |b| {
+            b.put_u8(b'P');
+            put_cstr(b, name);
+        });
+        put_message(&mut out, tag::CLOSE, |b| {
+            b.put_u8(b'S');
+            put_cstr(b, name);
+        });
+    }
+    out.extend_from_slice(&sync());
+    out.freeze()
+}
+
 /// Terminate.
 pub fn terminate() -> Bytes {
     Bytes::from_static(b"X\0\0\0\x04")

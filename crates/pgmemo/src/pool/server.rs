@@ -345,29 +345,31 @@ impl ServerConn {
     /// Runs a simple query whose result pgmemo does not need, up to ReadyForQuery. Errors from
     /// the server are returned; the connection stays usable after them.
     pub async fn simple_query(&mut self, sql: &str) -> Result<(), ServerError> {
-        self.run_simple_query(sql, false).await.map(drop)
+        // A simple Query drops the server's unnamed statement, whoever sends it (a health
+        // check, a reset, settings brought in line): a client whose unnamed statement
+        // transaction pooling believed still there would get 26000.
+        self.session.unnamed = None;
+        self.run(&frontend::query(sql), false).await.map(drop)
     }
 
-    /// Runs a simple query and returns its rows as text (NULL as `None`), for the few catalog
-    /// questions pgmemo asks itself (e.g. "is this role a superuser?").
+    /// Runs one statement and returns its rows as text (NULL as `None`), for the catalog
+    /// questions pgmemo asks itself (e.g. "is this role a superuser?"). It goes as an
+    /// extended-protocol request under a statement name of pgmemo's own
+    /// (`frontend::own_queries`), so the server's unnamed statement and portal survive it.
     pub async fn query_text_rows(
         &mut self,
         sql: &str,
     ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
-        self.run_simple_query(sql, true).await
+        self.run(&frontend::own_queries(&[sql]), true).await
     }
 
-    /// One simple-query round trip; DataRows are collected only when `keep_rows`.
-    async fn run_simple_query(
+    /// One round trip up to ReadyForQuery; DataRows are collected only when `keep_rows`.
+    async fn run(
         &mut self,
-        sql: &str,
+        request: &[u8],
         keep_rows: bool,
     ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
-        // A simple Query drops the server's unnamed statement, whoever sends it (a health
-        // check, the admin console's superuser check, the cache's catalog lookups): a client
-        // whose unnamed statement transaction pooling believed still there would get 26000.
-        self.session.unnamed = None;
-        self.send(&frontend::query(sql)).await?;
+        self.send(request).await?;
         let mut rows = Vec::new();
         let mut error = None;
         loop {

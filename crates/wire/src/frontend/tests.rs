@@ -375,3 +375,32 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn own_queries_leave_the_unnamed_statement_and_portal_alone() {
+    let raw = own_queries(&["SELECT 1", "SELECT 2"]);
+    let msgs = decode_all(&raw);
+    assert_eq!(msgs.len(), 13, "{msgs:?}");
+    for m in &msgs {
+        match m {
+            FrontendMessage::Parse(p) => assert_eq!(&p.name[..], OWN_STATEMENT.as_bytes()),
+            FrontendMessage::Bind(b) => {
+                assert_eq!(&b.portal[..], OWN_STATEMENT.as_bytes());
+                assert_eq!(&b.statement[..], OWN_STATEMENT.as_bytes());
+            }
+            FrontendMessage::Execute(e) => assert_eq!(&e.portal[..], OWN_STATEMENT.as_bytes()),
+            FrontendMessage::Close(c) => assert_eq!(&c.name[..], OWN_STATEMENT.as_bytes()),
+            FrontendMessage::Sync => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(matches!(msgs.last(), Some(FrontendMessage::Sync)));
+    let texts: Vec<_> = msgs
+        .iter()
+        .filter_map(|m| match m {
+            FrontendMessage::Parse(p) => Some(p.query.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, [Bytes::from("SELECT 1"), Bytes::from("SELECT 2")]);
+}

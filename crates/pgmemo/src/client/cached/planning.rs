@@ -26,15 +26,22 @@ impl<SW: AsyncWrite + Unpin> Catalog for SessionCatalog<'_, '_, SW> {
     /// (a statement_timeout, say), the client's transaction must not be aborted by it.
     async fn ask(&mut self, sql: &str) -> Result<Option<Vec<Row>>, PumpError> {
         if self.requests.st.status() != TransactionStatus::InTransaction {
-            return self.requests.ask(self.server, sql).await;
+            return self.requests.ask(self.server, &[sql]).await;
         }
-        let wrapped = format!("SAVEPOINT pgmemo_lookup; {sql}; RELEASE SAVEPOINT pgmemo_lookup");
+        let wrapped = [
+            "SAVEPOINT pgmemo_lookup",
+            sql,
+            "RELEASE SAVEPOINT pgmemo_lookup",
+        ];
         let rows = self.requests.ask(self.server, &wrapped).await?;
         if rows.is_none() {
             self.requests
                 .ask(
                     self.server,
-                    "ROLLBACK TO SAVEPOINT pgmemo_lookup; RELEASE SAVEPOINT pgmemo_lookup",
+                    &[
+                        "ROLLBACK TO SAVEPOINT pgmemo_lookup",
+                        "RELEASE SAVEPOINT pgmemo_lookup",
+                    ],
                 )
                 .await?;
         }

@@ -486,11 +486,13 @@ impl Requests<'_> {
         Ok(())
     }
 
-    /// Runs one of pgmemo's own queries on the session's server connection.
+    /// Runs pgmemo's own statements, in order, on the session's server connection. They go
+    /// as one extended-protocol request under pgmemo's own statement name
+    /// (`frontend::own_queries`): the client's unnamed statement and portal survive them.
     pub(super) async fn ask<SW: AsyncWrite + Unpin>(
         &mut self,
         server: &mut SW,
-        sql: &str,
+        statements: &[&str],
     ) -> Result<Option<Vec<catalog::Row>>, PumpError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.request_sent(
@@ -499,7 +501,7 @@ impl Requests<'_> {
             true,
             Confirmations::default(),
         );
-        send(server, &wire::frontend::query(sql)).await?;
+        send(server, &wire::frontend::own_queries(statements)).await?;
         Ok(rx.await.ok().flatten())
     }
 
