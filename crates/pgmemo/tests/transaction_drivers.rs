@@ -1340,3 +1340,73 @@ async fn asyncpg_processes_with_the_same_statement_names() {
     })
     .await
 }
+
+/// An error about one of the client's statements names it as the client did, not by the
+/// name pgmemo gave it on the servers (`pgmemo_7`): a Bind with the wrong number of
+/// parameters, also when the batch closes the statement after the Bind, and when two names
+/// stand for one text.
+#[tokio::test]
+async fn errors_name_the_clients_own_statement() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let sql = "SELECT $1::int + 1 AS n";
+        let steps = vec![
+            (A, vec![msg::parse("s1", sql, &[]), msg::sync()]),
+            (A, vec![msg::parse("s2", sql, &[]), msg::sync()]),
+            (A, exec("s1", &[])),
+            (A, exec("s2", &[Some("1"), Some("2")])),
+            (
+                A,
+                vec![
+                    msg::bind("", "s1", &[]),
+                    msg::execute("", 0),
+                    msg::close(b'S', "s1"),
+                    msg::sync(),
+                ],
+            ),
+            (A, exec("s2", &[Some("1")])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        for line in [
+            "bind message supplies 0 parameters, but prepared statement \"s1\" requires 1",
+            "bind message supplies 2 parameters, but prepared statement \"s2\" requires 1",
+        ] {
+            assert!(
+                transcript.iter().any(|l| l.ends_with(line)),
+                "{line}: {transcript:#?}"
+            );
+        }
+    })
+    .await;
+}
+
+/// A Parse that reuses a name the client has is refused with 42P05 only once its text has
+/// been parsed and analysed, as in PostgreSQL: a syntax error, several statements or a
+/// missing table is what the client hears about first.
+#[tokio::test]
+async fn a_duplicate_name_is_reported_after_the_texts_own_errors() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let table = create_table("dup_name", "(id int)").await;
+        let parse = |sql: &str| (A, vec![msg::parse("s1", sql, &[]), msg::sync()]);
+        let steps = vec![
+            parse(&format!("SELECT id FROM {table}")),
+            parse("SELEC 1"),
+            parse("SELECT 1; SELECT 2"),
+            parse("SELECT * FROM no_such_table_here"),
+            parse(&format!("SELECT count(*) FROM {table}")),
+            (A, exec("s1", &[])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        for code in ["42601", "42P01", "42P05"] {
+            assert!(
+                transcript
+                    .iter()
+                    .any(|l| l.contains(&format!("ERROR {code}:"))),
+                "{code}: {transcript:#?}"
+            );
+        }
+        drop_table(&table).await;
+    })
+    .await;
+}

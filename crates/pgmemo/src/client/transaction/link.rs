@@ -480,6 +480,11 @@ impl BatchLog {
         self.frames.push(start..self.bytes.len());
     }
 
+    /// Message `n` as the client sent it, while the batch is kept.
+    pub fn frame(&self, n: usize) -> Option<&[u8]> {
+        self.frames.get(n).map(|range| &self.bytes[range.clone()])
+    }
+
     /// Messages recorded.
     pub fn len(&self) -> usize {
         self.count

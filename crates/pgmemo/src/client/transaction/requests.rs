@@ -415,6 +415,12 @@ fn parse(
     let sql = text(&msg.query)?;
     let named = !name.is_empty();
     if named && link.client.statements.contains_key(&name) {
+        // PostgreSQL parses and analyses the text before it looks at the name: a syntax
+        // error, several statements or a missing table is reported instead of 42P05. The
+        // server analyses it as the unnamed statement (nobody's afterwards), then raises.
+        out.extend_from_slice(&encode_parse("", sql, &msg.param_types));
+        link.server.unnamed = Some(OWN_UNNAMED);
+        link.queue.push_back(Entry::swallow(Expect::Parse));
         emit_raise(&duplicate(&name), link, out);
         return Ok(false);
     }

@@ -213,6 +213,12 @@ fn on_message(
                 _ => (false, None),
             };
             let retry = note_stale_plan(&frame[5..], link);
+            // Before `on_error` drops the entry the error answers.
+            let renamed = if retry.is_none() && !raised {
+                renamed_error(frame, link)
+            } else {
+                None
+            };
             on_error(link);
             if let Some(from) = retry {
                 // The ReadyForQuery of the Sync (or of the Query) belongs to the failed
@@ -252,7 +258,10 @@ fn on_message(
                     return (Action::Replace(out), false);
                 }
             }
-            (Action::Forward, false)
+            match renamed {
+                Some(renamed) => (Action::Replace(renamed), false),
+                None => (Action::Forward, false),
+            }
         }
         backend::tag::READY_FOR_QUERY => {
             let status = ready_status(frame);
@@ -549,6 +558,77 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
         link.skip_parameter_description = described;
     }
     retry.then_some(from)
+}
+
+/// An error about one of pgmemo's server-side statements (`bind message supplies 1
+/// parameters, but prepared statement "pgmemo_7" requires 0`, `wrong number of parameters
+/// for prepared statement "pgmemo_7"`) with the name the client gave it, as PostgreSQL
+/// would have said it; `None` when the error names none.
+#[cold]
+fn renamed_error(frame: &[u8], link: &Link<'_>) -> Option<BytesMut> {
+    let entry = link.queue.front()?;
+    let statement = match entry.expect {
+        Expect::Bind | Expect::DescribeStatement => entry.uses.as_ref()?,
+        Expect::Query | Expect::Execute => entry.outcomes.get(entry.next)?.uses.as_ref()?,
+        _ => return None,
+    };
+    let quoted = format!("\"{}\"", statement.name);
+    if !frame.windows(quoted.len()).any(|w| w == quoted.as_bytes()) {
+        return None;
+    }
+    // The name the client used in this message, if the batch still holds it; else any name
+    // of the client's for this statement.
+    let sent = match entry.expect {
+        Expect::Bind => link.batch.frame(entry.frame).and_then(bound_statement),
+        Expect::DescribeStatement => link
+            .batch
+            .frame(entry.frame)
+            .and_then(|f| f.get(6..)?.split(|&b| b == 0).next())
+            .and_then(|n| std::str::from_utf8(n).ok()),
+        _ => None,
+    };
+    // The client may have closed the name since, later in the same batch.
+    let name = match sent {
+        Some(name) => name.to_owned(),
+        None => link
+            .client
+            .statements
+            .iter()
+            .find(|(_, s)| std::sync::Arc::ptr_eq(s, statement))
+            .map(|(n, _)| n.clone())?,
+    };
+    let replacement = format!("\"{name}\"");
+    let mut out = BytesMut::with_capacity(frame.len() + name.len());
+    out.extend_from_slice(&frame[..5]);
+    let mut rest = &frame[5..];
+    while let Some((&kind, tail)) = rest.split_first() {
+        out.extend_from_slice(&[kind]);
+        if kind == 0 {
+            break;
+        }
+        let end = tail.iter().position(|&b| b == 0)?;
+        let value = &tail[..end];
+        if matches!(kind, b'M' | b'D' | b'H') {
+            let text = String::from_utf8_lossy(value).replace(&quoted, &replacement);
+            out.extend_from_slice(text.as_bytes());
+        } else {
+            out.extend_from_slice(value);
+        }
+        out.extend_from_slice(&[0]);
+        rest = &tail[end + 1..];
+    }
+    let len = (out.len() - 1) as u32;
+    out[1..5].copy_from_slice(&len.to_be_bytes());
+    Some(out)
+}
+
+/// The statement name of a Bind message (its raw bytes, header included).
+fn bound_statement(frame: &[u8]) -> Option<&str> {
+    let body = frame.get(5..)?;
+    let portal_end = body.iter().position(|&b| b == 0)?;
+    let rest = &body[portal_end + 1..];
+    let end = rest.iter().position(|&b| b == 0)?;
+    std::str::from_utf8(&rest[..end]).ok()
 }
 
 /// An error ends the message it answers; in the extended protocol the server then skips
