@@ -1410,3 +1410,53 @@ async fn a_duplicate_name_is_reported_after_the_texts_own_errors() {
     })
     .await;
 }
+
+/// Clients on different `search_path`s (a schema per tenant) that prepare the same text do
+/// not share a server-side statement: each reads its own schema's table, and a client whose
+/// path lacks the table fails at Parse, as in PostgreSQL, instead of being answered from a
+/// statement another client's server accepted.
+#[tokio::test]
+async fn clients_on_other_search_paths_prepare_their_own_statements() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let admin = testkit::LocalPostgres.client(USER, DB).await;
+        let schemas = [testkit::unique("tenant_a"), testkit::unique("tenant_b")];
+        for (i, schema) in schemas.iter().enumerate() {
+            admin
+                .batch_execute(&format!(
+                    "CREATE SCHEMA {schema}; CREATE TABLE {schema}.accounts (v int); \
+                     INSERT INTO {schema}.accounts VALUES ({i})"
+                ))
+                .await
+                .unwrap();
+        }
+        let q = |sql: String| vec![msg::query(&sql)];
+        let read = "SELECT v FROM accounts";
+        let steps = vec![
+            (A, q(format!("SET search_path = {}", schemas[0]))),
+            (B, q(format!("SET search_path = {}", schemas[1]))),
+            (A, vec![msg::parse("s1", read, &[]), msg::sync()]),
+            (A, exec("s1", &[])),
+            (B, vec![msg::parse("s1", read, &[]), msg::sync()]),
+            (B, exec("s1", &[])),
+            (A, exec("s1", &[])),
+            (B, q("SET search_path = pg_catalog".into())),
+            (B, vec![msg::parse("s2", read, &[]), msg::sync()]),
+            (B, exec("s2", &[])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.starts_with(" 8 B| Error ERROR 42P01")),
+            "{transcript:#?}"
+        );
+        for schema in &schemas {
+            admin
+                .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+}

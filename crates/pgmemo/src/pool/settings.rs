@@ -147,9 +147,13 @@ impl ClientSettings {
 /// Settings (lower case, as client settings are recorded) that PostgreSQL reads when it
 /// parses and analyses a statement rather than when it runs it: how date/time literals are
 /// read (`'2020-01-01 00:00'::timestamptz` becomes a constant under the session's TimeZone at
-/// PREPARE), how string literals are lexed, `= NULL`. A prepared statement keeps that reading
-/// until its plan is invalidated by DDL or a `search_path` change (which it follows on its
-/// own), whatever the session sets later.
+/// PREPARE), how string literals are lexed, `= NULL`, which relations the names mean
+/// (`search_path`). A prepared statement keeps that reading until its plan is invalidated by
+/// DDL or a `search_path` change, whatever the session sets later. With `search_path` among
+/// them, a client's Parse under another path is never answered from a statement a server
+/// accepted under the first (PostgreSQL would refuse it at Parse when a table is missing
+/// there), and clients on different paths (a schema per tenant) do not make one server-side
+/// statement be analysed again at every switch.
 pub const PARSE_SETTINGS: &[&str] = &[
     "timezone",
     "datestyle",
@@ -160,6 +164,9 @@ pub const PARSE_SETTINGS: &[&str] = &[
     "escape_string_warning",
     "transform_null_equals",
     "client_encoding",
+    // Which tables and functions the names mean: PostgreSQL resolves them at Parse (and
+    // parses again when a later execution runs under another search_path).
+    "search_path",
 ];
 
 /// What pgmemo has set on one server connection beyond the server's own defaults.
