@@ -1460,3 +1460,69 @@ async fn clients_on_other_search_paths_prepare_their_own_statements() {
     })
     .await;
 }
+
+/// Batches pipelined behind one that fails: PostgreSQL skips the failed batch's messages up
+/// to its Sync, so a Parse or Close of a name in it never happened, and the batches after it
+/// see the name as it was before. pgmemo, which answers Closes and known Parses itself and
+/// refuses duplicate names itself, waits for the failed batch's answers before it decides
+/// (a failure it raises itself needs no wait: the rest of that batch is not sent).
+#[tokio::test]
+async fn batches_pipelined_behind_a_failure_see_names_as_postgres_does() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let parse = |name: &str, sql: &str| msg::parse(name, sql, &[]);
+        let steps = vec![
+            (A, vec![parse("s1", "SELECT 1 AS one"), msg::sync()]),
+            // A duplicate Parse dooms its batch: the Close after it is skipped, and the Parse
+            // of the next batch is a duplicate again.
+            (
+                A,
+                vec![
+                    parse("s1", "SELECT 2 AS two"),
+                    msg::close(b'S', "s1"),
+                    msg::sync(),
+                    parse("s1", "SELECT 3 AS three"),
+                    msg::sync(),
+                ],
+            ),
+            (A, exec("s1", &[])),
+            // A batch failing on the server (no such portal): its Close of s1 is skipped, the
+            // Bind of s1 pipelined behind it runs the statement; its Parse of s2 is skipped,
+            // so the next batch's Parse of s2 is no duplicate.
+            (
+                A,
+                vec![
+                    msg::execute("nope", 0),
+                    msg::close(b'S', "s1"),
+                    parse("s2", "SELECT 4 AS four"),
+                    msg::sync(),
+                    msg::bind("", "s1", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                    parse("s2", "SELECT 5 AS five"),
+                    msg::sync(),
+                ],
+            ),
+            (A, exec("s2", &[])),
+            // Errors of two pipelined batches name the statements of their own batch.
+            (
+                A,
+                vec![
+                    parse("s3", "SELECT $1::int AS n"),
+                    parse("s4", "SELECT $1::int AS n"),
+                    msg::sync(),
+                    msg::bind("", "s4", &[]),
+                    msg::sync(),
+                    msg::bind("", "s3", &[]),
+                    msg::sync(),
+                ],
+            ),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript.iter().any(|l| l.ends_with("DataRow [5]")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

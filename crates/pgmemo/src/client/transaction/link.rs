@@ -131,8 +131,10 @@ pub struct Entry {
     /// server says its plan no longer matches the table (`cached plan must not change result
     /// type`). Those a Query or an Execute runs (SQL-level `EXECUTE`) are in `outcomes`.
     pub uses: Option<Arc<PreparedStatement>>,
-    /// For a Bind or Describe: its position in `Link::batch`.
-    pub frame: usize,
+    /// For a Bind or Describe: its position in `Link::batch`, and which batch that was
+    /// (`BatchLog::id`: a batch pipelined behind it may have replaced the log since).
+    pub frame: u32,
+    pub batch: u32,
     /// The answer is an error pgmemo made the server raise: sent without the PL/pgSQL
     /// context line, as PostgreSQL itself would have reported it.
     pub raised: bool,
@@ -162,6 +164,7 @@ impl Entry {
             revert: None,
             uses: None,
             frame: 0,
+            batch: 0,
             raised: false,
             described: false,
             holds_error: false,
@@ -247,6 +250,13 @@ pub struct Link<'a> {
     pub txn: TxnTrack,
     /// Extended-protocol messages were sent since the last Sync.
     pub mid_batch: bool,
+    /// pgmemo made the server raise an error in this batch (a duplicate or unknown statement
+    /// name): the server skips the client's messages up to the Sync, so they are not sent
+    /// and change nothing in pgmemo's records (a Close or Parse after it must not count).
+    pub doomed: bool,
+    /// A client message waits for the answers to batches pipelined before it
+    /// (`requests::must_wait`): the server pump wakes the client pump as answers come.
+    pub holding: bool,
     pub max_prepared: usize,
     /// The client's messages of the current extended-protocol batch, or the simple Query
     /// that runs a SQL-level prepared statement, kept for a retry.
@@ -426,11 +436,13 @@ impl Link<'_> {
 /// one was an Execute, the last one's type) is kept for any length.
 #[derive(Default)]
 pub struct BatchLog {
+    /// Changes at every `clear`: tells the batch an entry's `frame` was counted in.
+    id: u32,
     bytes: bytes::BytesMut,
     frames: Vec<std::ops::Range<usize>>,
     /// Messages recorded, including those past the limits.
     count: usize,
-    /// The position of the batch's first Execute.
+    /// The position of the current batch's first Execute.
     first_execute: Option<usize>,
     last_tag: Option<u8>,
     /// The batch went past the limits: `bytes` and `frames` no longer hold it.
@@ -443,8 +455,21 @@ impl BatchLog {
     /// Most messages kept for a replay.
     pub const MAX_FRAMES: usize = 4096;
 
-    /// Starts a new batch. A buffer grown past the limit by one large message is let go.
+    /// Starts a new batch. While answers to batches before it are still owed, the log keeps
+    /// them too, so that their entries find their messages (`frame`); it starts afresh once
+    /// nothing is owed.
+    pub fn begin(&mut self, owed: bool) {
+        if owed && !self.overflowed {
+            self.first_execute = None;
+            self.last_tag = None;
+        } else {
+            self.clear();
+        }
+    }
+
+    /// Starts afresh. A buffer grown past the limit by one large message is let go.
     pub fn clear(&mut self) {
+        self.id = self.id.wrapping_add(1);
         if self.bytes.capacity() > Self::MAX_BYTES {
             self.bytes = bytes::BytesMut::new();
         }
@@ -480,9 +505,20 @@ impl BatchLog {
         self.frames.push(start..self.bytes.len());
     }
 
-    /// Message `n` as the client sent it, while the batch is kept.
-    pub fn frame(&self, n: usize) -> Option<&[u8]> {
-        self.frames.get(n).map(|range| &self.bytes[range.clone()])
+    /// The current batch and the position of its last message so far, for an entry to
+    /// find that message again (`frame`).
+    pub fn position(&self) -> (u32, u32) {
+        (self.id, self.count.saturating_sub(1) as u32)
+    }
+
+    /// Message `n` of batch `id` as the client sent it, while that batch is the one kept.
+    pub fn frame(&self, id: u32, n: u32) -> Option<&[u8]> {
+        if id != self.id {
+            return None;
+        }
+        self.frames
+            .get(n as usize)
+            .map(|range| &self.bytes[range.clone()])
     }
 
     /// Messages recorded.
@@ -552,6 +588,26 @@ mod tests {
         assert_eq!(replay[1].tag(), b'E');
         assert_eq!(log.len(), 1);
         assert!(!log.executed_before(1), "the Execute went with the replay");
+    }
+
+    #[test]
+    fn batches_pipelined_behind_owed_ones_keep_theirs() {
+        let mut log = BatchLog::default();
+        log.begin(false);
+        log.push(&frame(b'B', 10));
+        let (first_batch, bind) = log.position();
+        log.push(&frame(b'E', 9));
+        log.push(&frame(b'S', 0));
+        // The next batch comes before the first one's answers: both are kept.
+        log.begin(true);
+        log.push(&frame(b'B', 12));
+        assert_eq!(log.frame(first_batch, bind).map(<[u8]>::len), Some(15));
+        assert!(!log.executed_before(log.len()), "an Execute of the batch before");
+        // Once nothing is owed, a batch starts a new log, and old positions find nothing.
+        log.begin(false);
+        log.push(&frame(b'B', 10));
+        assert_eq!(log.frame(first_batch, bind), None);
+        assert!(log.frame(log.position().0, 0).is_some());
     }
 
     #[test]

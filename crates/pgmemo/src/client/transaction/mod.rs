@@ -623,6 +623,8 @@ async fn serve_attached(
         portals: &mut buffers.portals,
         txn: TxnTrack::default(),
         mid_batch: false,
+        doomed: false,
+        holding: false,
         max_prepared: opts.max_prepared,
         batch: &mut buffers.batch,
         retry: None,
@@ -803,6 +805,10 @@ impl Pumps<'_, '_> {
                 if plain::request(client_buf, &mut link, self.opts.max_message, server_out) {
                     continue;
                 }
+                if requests::must_wait(client_buf, &link) {
+                    link.holding = true;
+                    break;
+                }
                 let Ok(Some(frame)) = Frame::decode(client_buf, self.opts.max_message) else {
                     break;
                 };
@@ -977,6 +983,10 @@ impl Pumps<'_, '_> {
                     if plain::request(buf, &mut link, self.opts.max_message, out) {
                         continue;
                     }
+                    link.holding = requests::must_wait(buf, &link);
+                    if link.holding {
+                        break;
+                    }
                     let frame = match Frame::decode(buf, self.opts.max_message) {
                         Ok(Some(frame)) => frame,
                         Ok(None) => break,
@@ -1036,6 +1046,8 @@ impl Pumps<'_, '_> {
             let (replay, idle_in_txn) = {
                 let link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 let replay = link.retry.is_some();
+                // A held message may go now: the client pump looks again.
+                let replay = replay || link.holding;
                 if replay {
                     self.retry.raise();
                 }

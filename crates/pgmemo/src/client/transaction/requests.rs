@@ -41,10 +41,13 @@ pub fn translate(
             | frontend::tag::SYNC
     ) {
         if !link.mid_batch {
-            link.batch.clear();
+            link.batch.begin(!link.queue.is_empty());
             link.retried = false;
         }
         link.batch.push(&frame);
+        if link.doomed && tag != frontend::tag::SYNC {
+            return Ok(false);
+        }
     }
     match tag {
         frontend::tag::QUERY => {
@@ -88,7 +91,7 @@ pub fn translate(
                     let mut entry = Entry::forward(Expect::DescribeStatement);
                     if statement.is_some() {
                         entry.uses = statement;
-                        entry.frame = link.batch.len().saturating_sub(1);
+                        (entry.batch, entry.frame) = link.batch.position();
                     }
                     link.queue.push_back(entry);
                 }
@@ -128,6 +131,7 @@ pub fn translate(
                 link.queue.push_back(Entry::forward(Expect::Sync));
             }
             link.mid_batch = false;
+            link.doomed = false;
             Ok(false)
         }
         frontend::tag::FLUSH => {
@@ -160,6 +164,80 @@ pub fn translate(
             Ok(false)
         }
     }
+}
+
+/// Whether the message at the front of `buf` must wait for the answers to the batches
+/// pipelined before it: it uses one of the client's statement names that an earlier batch,
+/// still unanswered, gave or took away (a Parse, a Close, `DEALLOCATE`, `DISCARD ALL`). The
+/// server skips that batch's messages after an error in it, and PostgreSQL then treats the
+/// name as it was before; pgmemo, which answers a Close or a known Parse itself and refuses
+/// a duplicate or unknown name itself, must know which it was. A Bind or Describe waits only
+/// behind a name taken away: one given behind it goes to the server, which reports a
+/// skipped Parse's statement missing itself, so that drivers that pipeline a new
+/// statement's Parse and its executions in separate batches keep their pipeline.
+#[inline]
+pub fn must_wait(buf: &[u8], link: &Link<'_>) -> bool {
+    if link.queue.is_empty() {
+        return false;
+    }
+    match buf.first() {
+        Some(&(frontend::tag::PARSE | frontend::tag::CLOSE | frontend::tag::BIND)) => {}
+        Some(&frontend::tag::DESCRIBE) if buf.get(5) == Some(&b'S') => {}
+        _ => return false,
+    }
+    waits_on_earlier_batch(buf, link)
+}
+
+#[cold]
+fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
+    let Ok(Some(header)) = wire::FrameHeader::peek(buf, usize::MAX) else {
+        return false;
+    };
+    let Some(body) = buf.get(wire::FrameHeader::SIZE..header.frame_len) else {
+        return false;
+    };
+    let cstr = |b: &[u8]| b.iter().position(|&c| c == 0).map(|end| b[..end].to_vec());
+    let (name, given_counts) = match header.tag {
+        frontend::tag::PARSE => (cstr(body), true),
+        frontend::tag::CLOSE if body.first() == Some(&b'S') => (cstr(&body[1..]), true),
+        frontend::tag::DESCRIBE => (cstr(&body[1..]), false),
+        frontend::tag::BIND => {
+            let Some(portal) = cstr(body) else {
+                return false;
+            };
+            (cstr(&body[portal.len() + 1..]), false)
+        }
+        _ => return false,
+    };
+    let Some(name) = name.filter(|n| !n.is_empty()) else {
+        return false;
+    };
+    let Ok(name) = std::str::from_utf8(&name) else {
+        return false;
+    };
+    // Entries up to the last Sync belong to earlier batches; those after it to the batch this
+    // message is part of, whose earlier error would make the server skip it as well.
+    let earlier = if link.mid_batch {
+        link.queue
+            .iter()
+            .rposition(|e| e.expect == Expect::Sync)
+            .map_or(0, |i| i + 1)
+    } else {
+        link.queue.len()
+    };
+    link.queue.iter().take(earlier).any(|entry| {
+        let given = entry
+            .revert
+            .as_ref()
+            .is_some_and(|r| r.client_name.as_deref() == Some(name));
+        (given_counts && given)
+            || entry.outcomes.iter().any(|o| match &o.effect {
+                Effect::Prepared { client_name, .. } => given_counts && client_name == name,
+                Effect::Deallocated(names) => names.iter().any(|(n, _)| n == name),
+                Effect::Discarded { .. } => true,
+                _ => false,
+            })
+    })
 }
 
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
@@ -575,7 +653,7 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     let mut entry = Entry::forward(Expect::Bind);
     if statement.is_some() {
         entry.uses = statement;
-        entry.frame = link.batch.len().saturating_sub(1);
+        (entry.batch, entry.frame) = link.batch.position();
     }
     link.queue.push_back(entry);
     Ok(())
@@ -799,6 +877,7 @@ fn emit_missing(name: &str, link: &mut Link<'_>, out: &mut BytesMut) {
     entry.raised = true;
     entry.synthetic = Some(missing(name).encode());
     link.queue.push_back(entry);
+    link.doomed = true;
 }
 
 /// Makes the server raise `error` as the answer to the client's current message, so that
@@ -806,6 +885,7 @@ fn emit_missing(name: &str, link: &mut Link<'_>, out: &mut BytesMut) {
 fn emit_raise(error: &ErrorResponse, link: &mut Link<'_>, out: &mut BytesMut) {
     emit_unnamed_run(&raise_sql(error), link, out);
     link.queue.back_mut().expect("just queued").raised = true;
+    link.doomed = true;
 }
 
 fn encode_parse(name: &str, sql: &str, types: &[u32]) -> Bytes {

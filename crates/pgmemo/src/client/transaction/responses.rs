@@ -515,7 +515,12 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
     } else {
         entry.uses.clone()?
     };
-    let (expect, next, from, described) = (entry.expect, entry.next, entry.frame, entry.described);
+    let (expect, next, from, described) = (
+        entry.expect,
+        entry.next,
+        entry.frame as usize,
+        entry.described,
+    );
     let error = wire::ErrorResponse::parse(body).ok()?;
     let plan_changed = error.code == wire::sqlstate::FEATURE_NOT_SUPPORTED
         && error.message == "cached plan must not change result type";
@@ -579,10 +584,13 @@ fn renamed_error(frame: &[u8], link: &Link<'_>) -> Option<BytesMut> {
     // The name the client used in this message, if the batch still holds it; else any name
     // of the client's for this statement.
     let sent = match entry.expect {
-        Expect::Bind => link.batch.frame(entry.frame).and_then(bound_statement),
+        Expect::Bind => link
+            .batch
+            .frame(entry.batch, entry.frame)
+            .and_then(bound_statement),
         Expect::DescribeStatement => link
             .batch
-            .frame(entry.frame)
+            .frame(entry.batch, entry.frame)
             .and_then(|f| f.get(6..)?.split(|&b| b == 0).next())
             .and_then(|n| std::str::from_utf8(n).ok()),
         _ => None,
