@@ -1381,8 +1381,9 @@ async fn errors_name_the_clients_own_statement() {
 }
 
 /// A Parse that reuses a name the client has is refused with 42P05 only once its text has
-/// been parsed and analysed, as in PostgreSQL: a syntax error, several statements or a
-/// missing table is what the client hears about first.
+/// been parsed and analysed, as in PostgreSQL: a syntax error, several statements, a
+/// missing table or an aborted block is what the client hears about first; in an aborted
+/// block a duplicate ROLLBACK is refused with 42P05 too.
 #[tokio::test]
 async fn a_duplicate_name_is_reported_after_the_texts_own_errors() {
     use Who::A;
@@ -1396,9 +1397,17 @@ async fn a_duplicate_name_is_reported_after_the_texts_own_errors() {
             parse("SELECT * FROM no_such_table_here"),
             parse(&format!("SELECT count(*) FROM {table}")),
             (A, exec("s1", &[])),
+            // In an aborted block PostgreSQL refuses any text but ROLLBACK or COMMIT before
+            // it looks at the name.
+            (A, vec![msg::query("BEGIN")]),
+            (A, vec![msg::query("SELECT 1/0")]),
+            parse("SELECT 1"),
+            parse("ROLLBACK"),
+            (A, vec![msg::query("ROLLBACK")]),
+            (A, exec("s1", &[])),
         ];
         let transcript = same_as_postgres(&steps).await;
-        for code in ["42601", "42P01", "42P05"] {
+        for code in ["42601", "42P01", "42P05", "25P02"] {
             assert!(
                 transcript
                     .iter()

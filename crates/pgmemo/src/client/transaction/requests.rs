@@ -494,12 +494,13 @@ fn parse(
     let named = !name.is_empty();
     if named && link.client.statements.contains_key(&name) {
         // PostgreSQL parses and analyses the text before it looks at the name: a syntax
-        // error, several statements or a missing table is reported instead of 42P05. The
-        // server analyses it as the unnamed statement (nobody's afterwards), then raises.
+        // error, several statements, a missing table or an aborted block (unless the text
+        // is ROLLBACK or COMMIT) is reported instead of 42P05. The server analyses it as the
+        // unnamed statement (nobody's afterwards), then the batch fails with 42P05.
         out.extend_from_slice(&encode_parse("", sql, &msg.param_types));
         link.server.unnamed = Some(OWN_UNNAMED);
         link.queue.push_back(Entry::swallow(Expect::Parse));
-        emit_raise(&duplicate(&name), link, out);
+        emit_refusal(&duplicate(&name), link, out);
         return Ok(false);
     }
     let mut tracked = true;
@@ -863,11 +864,18 @@ fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
 const NEVER_PREPARED: &str =
     "pgmemo_never_prepared_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
 
-/// Answers a Bind or Describe of the client's statement `name`, which it does not have: the
-/// server is asked to describe a statement it cannot have, so that it fails with 26000 where
-/// PostgreSQL would, also in an aborted block (where a raising `DO` block fails with 25P02
-/// instead), and skips the rest of the batch; the client gets its own statement's name.
+/// Answers a Bind or Describe of the client's statement `name`, which it does not have
+/// (see [`emit_refusal`]).
 fn emit_missing(name: &str, link: &mut Link<'_>, out: &mut BytesMut) {
+    emit_refusal(&missing(name), link, out);
+}
+
+/// Fails the batch here with `error`, which pgmemo decides on for a statement name (one the
+/// client does not have, or has already): the server is asked to describe a statement it
+/// cannot have, so that it fails where PostgreSQL would, also in an aborted block (where a
+/// raising `DO` block fails with 25P02 instead), and skips the rest of the batch; the client
+/// gets `error` instead of the server's 26000.
+fn emit_refusal(error: &ErrorResponse, link: &mut Link<'_>, out: &mut BytesMut) {
     Describe {
         target: Target::Statement,
         name: Bytes::from_static(NEVER_PREPARED.as_bytes()),
@@ -875,7 +883,7 @@ fn emit_missing(name: &str, link: &mut Link<'_>, out: &mut BytesMut) {
     .encode(out);
     let mut entry = Entry::forward(Expect::DescribeStatement);
     entry.raised = true;
-    entry.synthetic = Some(missing(name).encode());
+    entry.synthetic = Some(error.encode());
     link.queue.push_back(entry);
     link.doomed = true;
 }
