@@ -1535,3 +1535,36 @@ async fn batches_pipelined_behind_a_failure_see_names_as_postgres_does() {
     })
     .await;
 }
+
+/// An `EXECUTE` or `DEALLOCATE` of a name the client does not have, sent as the unnamed
+/// statement, fails when it is executed, as PostgreSQL looks the name up then: its Parse,
+/// Bind and Describe succeed first.
+#[tokio::test]
+async fn an_unknown_name_in_an_unnamed_statement_fails_at_execute() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let mut steps = Vec::new();
+        for sql in ["EXECUTE nope", "DEALLOCATE nope"] {
+            steps.push((
+                A,
+                vec![
+                    msg::parse("", sql, &[]),
+                    msg::bind("", "", &[]),
+                    msg::describe(b'P', ""),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ));
+        }
+        let transcript = same_as_postgres(&steps).await;
+        assert_eq!(
+            transcript
+                .iter()
+                .filter(|l| l.ends_with("ParseComplete"))
+                .count(),
+            2,
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

@@ -510,6 +510,14 @@ fn parse(
             tracked = false;
             (None, None)
         }
+        Plan::Refused(e) if !named => {
+            // PostgreSQL looks up the names an EXECUTE, DEALLOCATE or PREPARE uses when the
+            // statement runs: the unnamed statement is one that raises the error when it is
+            // executed (its Parse, Bind and Describe succeed, as they would there).
+            let parse = encode_parse("", &raise_sql(&e), &msg.param_types);
+            send_unnamed_parse(link, parse, None, false, out);
+            return Ok(false);
+        }
         Plan::Refused(e) => {
             emit_raise(&e, link, out);
             return Ok(false);
