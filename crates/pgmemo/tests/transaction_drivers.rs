@@ -1568,3 +1568,72 @@ async fn an_unknown_name_in_an_unnamed_statement_fails_at_execute() {
     })
     .await;
 }
+
+/// A batch that fails on the server after pgmemo held back one of its messages (a Parse of a
+/// name the client has, which pgmemo decides only once the answers before it are in): the
+/// server skips everything up to the batch's Sync, so pgmemo must not send the held message
+/// as a batch of its own. The next query is answered, not left waiting.
+#[tokio::test]
+async fn a_failure_before_a_held_message_skips_the_rest_of_its_batch() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (
+                A,
+                vec![
+                    msg::parse("s1", "SHOW TimeZone", &[]),
+                    msg::bind("", "s1", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                    msg::execute("p1", 0),
+                    msg::flush(),
+                    msg::parse("s1", "BEGIN", &[]),
+                    msg::bind("p1", "", &[]),
+                    msg::bind("p1", "s1", &[]),
+                    msg::sync(),
+                ],
+            ),
+            (A, vec![msg::query("SELECT 1 AS one")]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript.iter().any(|l| l.ends_with("DataRow [1]")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}
+
+/// A failed Parse of the unnamed statement leaves no unnamed statement, neither the new one
+/// nor the one before it: a Bind of it fails with 26000, as in PostgreSQL, and pgmemo does not
+/// run the earlier text in its place.
+#[tokio::test]
+async fn a_failed_unnamed_parse_leaves_no_unnamed_statement() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (
+                A,
+                vec![msg::parse("s2", "SELECT 2 AS two", &[]), msg::sync()],
+            ),
+            (A, vec![msg::parse("", "SELECT 1 AS one", &[]), msg::sync()]),
+            (A, vec![msg::parse("", "SELEC 1", &[]), msg::sync()]),
+            (A, exec("", &[])),
+            (
+                A,
+                vec![msg::parse("s2", "SELECT 3 AS three", &[]), msg::sync()],
+            ),
+            (A, exec("", &[])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert_eq!(
+            transcript
+                .iter()
+                .filter(|l| l.contains("ERROR 26000"))
+                .count(),
+            2,
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

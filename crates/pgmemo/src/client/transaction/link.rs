@@ -245,6 +245,10 @@ pub struct Link<'a> {
     pub queue: &'a mut VecDeque<Entry>,
     /// A plain request whose answers come before every queue entry's (see `plain`).
     pub plain: Option<Plain>,
+    /// The plain batch in flight parses the unnamed statement and its ParseComplete has not
+    /// come yet: an error before it means the Parse failed, and neither the client nor the
+    /// server has an unnamed statement then.
+    pub plain_parse: bool,
     /// Portals whose statement changes session state.
     pub portals: &'a mut Map<Bytes, Arc<Outcome>>,
     pub txn: TxnTrack,
@@ -602,7 +606,10 @@ mod tests {
         log.begin(true);
         log.push(&frame(b'B', 12));
         assert_eq!(log.frame(first_batch, bind).map(<[u8]>::len), Some(15));
-        assert!(!log.executed_before(log.len()), "an Execute of the batch before");
+        assert!(
+            !log.executed_before(log.len()),
+            "an Execute of the batch before"
+        );
         // Once nothing is owed, a batch starts a new log, and old positions find nothing.
         log.begin(false);
         log.push(&frame(b'B', 10));

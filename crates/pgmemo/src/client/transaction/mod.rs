@@ -620,6 +620,7 @@ async fn serve_attached(
         server: session,
         queue: &mut buffers.queue,
         plain: None,
+        plain_parse: false,
         portals: &mut buffers.portals,
         txn: TxnTrack::default(),
         mid_batch: false,

@@ -91,6 +91,7 @@ fn take_plain(
     if !link.queue.is_empty() {
         return false;
     }
+    let parses = shape.parse.is_some();
     match (shape.kind, shape.parse) {
         (Plain::Query, _) => link.query_sent(),
         (Plain::Batch, Some(_)) if shape.same_parse => link.unnamed_parsed(None),
@@ -105,6 +106,7 @@ fn take_plain(
     out.extend_from_slice(&buf[..shape.len]);
     buf.advance(shape.len);
     link.plain = Some(shape.kind);
+    link.plain_parse = parses;
     true
 }
 

@@ -305,8 +305,18 @@ fn on_plain_message(
             completed(&frame[5..], None, link);
             false
         }
+        backend::tag::PARSE_COMPLETE => {
+            link.plain_parse = false;
+            false
+        }
         backend::tag::ERROR_RESPONSE => {
             link.txn.failed = true;
+            if std::mem::take(&mut link.plain_parse) {
+                // The batch's Parse of the unnamed statement failed: PostgreSQL then has
+                // none (the one before was dropped when the Parse began).
+                link.client.unnamed = None;
+                link.server.unnamed = None;
+            }
             false
         }
         backend::tag::PARAMETER_STATUS => {
@@ -668,6 +678,11 @@ fn on_error(link: &mut Link<'_>) {
             break;
         }
         skipped.push(link.queue.pop_front().expect("checked"));
+    }
+    if link.queue.is_empty() && link.mid_batch {
+        // The batch's Sync is still to come (a message of it was held, or not sent yet):
+        // the server skips what the client sends until then.
+        link.doomed = true;
     }
     // Undone last first: a Close and a Parse of one name are undone back to the first. The
     // first entry is the message that failed; the others were skipped.
