@@ -381,6 +381,62 @@ async fn relayed_failed_logins_do_not_use_up_the_pool() {
     assert_login(&pgmemo, (user, password)).await;
 }
 
+/// A client that stays silent at the server's password request (a person at a prompt, a
+/// stalled driver) while it is the first login of its pool does not hold up the others: once
+/// the server has asked, every login relays its own exchange.
+#[tokio::test]
+async fn a_silent_first_login_does_not_hold_up_the_others() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pg = relay_cluster().await;
+    let pgmemo = start_pgmemo(pgmemo_config_for(pg.port())).await;
+    let (user, password) = SCRAM_USER;
+    let mut silent = tokio::net::TcpStream::connect(("127.0.0.1", pgmemo.port()))
+        .await
+        .unwrap();
+    let startup = wire::startup::StartupMessage::encode([("user", user), ("database", "postgres")]);
+    silent.write_all(&startup).await.unwrap();
+    let mut first = [0u8; 1];
+    silent.read_exact(&mut first).await.unwrap();
+    assert_eq!(
+        first[0], b'R',
+        "the server's password request reaches the client"
+    );
+    // The silent client still holds its exchange; the next login is not kept waiting.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        assert_login(&pgmemo, (user, password)),
+    )
+    .await
+    .expect("a login waited for a silent one");
+    drop(silent);
+}
+
+/// Many clients of a user the server trusts, logging in at once on a fresh pgmemo: one of
+/// them finds out that the server trusts it, the others then share the pool. pgmemo opens no
+/// more server connections than the pool has places (plus the one that found out), however
+/// many clients arrive.
+#[tokio::test]
+async fn a_crowd_of_trusted_logins_opens_no_more_connections_than_the_pool_has() {
+    let pg = relay_cluster().await;
+    let pgmemo = start_pgmemo(Config {
+        pool_size: 2,
+        query_wait_timeout: Seconds(Duration::from_secs(30)),
+        ..pgmemo_config_for(pg.port())
+    })
+    .await;
+    let port = pgmemo.port();
+    let logins = (0..40).map(|_| async move {
+        let client = login(port, TRUST_USER, None, "postgres").await;
+        client.simple_query("SELECT 1").await.expect("a query");
+    });
+    futures_util::future::join_all(logins).await;
+    let opened = pgmemo
+        .stats()
+        .server_connects
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(opened <= 3, "{opened} server connections for a pool of 2");
+}
+
 /// For a user the server trusts, the next client reuses the pooled server connection.
 #[tokio::test]
 async fn relayed_trust_user_reuses_the_pooled_connection() {

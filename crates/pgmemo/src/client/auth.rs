@@ -180,10 +180,13 @@ async fn scram(
 ///
 /// The client's replies are not timed here: the caller bounds the whole exchange by the
 /// client's login deadline, since the client holds a server connection meanwhile.
+/// `on_asked` runs when the server first asks for a credential, before the client answers
+/// (logins waiting to learn whether the server trusts need not wait for a slow typist).
 pub async fn relay_upstream_auth(
     client: &mut ClientConn,
     server: &mut ServerConn,
     server_timeout: Duration,
+    on_asked: &(dyn Fn() + Sync),
 ) -> Result<bool, ClientError> {
     let mut asked = false;
     loop {
@@ -245,6 +248,9 @@ pub async fn relay_upstream_auth(
                 )));
             }
         };
+        if !asked {
+            on_asked();
+        }
         asked = true;
         if expects_reply {
             let reply = client.read_frame(MAX_AUTH_MESSAGE).await?;

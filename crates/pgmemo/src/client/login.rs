@@ -14,6 +14,7 @@ use super::{ClientConn, ClientError, LoginDeadline};
 use crate::config::{AuthType, Config, PoolMode};
 use crate::pool::{
     Lease, Pool, PoolKey, PoolSettings, ReleaseState, ServerConn, ServerCredential, ServerError,
+    Trust,
 };
 use crate::shared::Shared;
 use crate::stats::Stats;
@@ -141,29 +142,59 @@ pub async fn login(
     );
     let settings = pool_settings(&config);
     let wait = config.query_wait_timeout.0;
-
-    if config.auth_type == AuthType::Upstream && pool.trust_known() {
-        // The server let the last login in without a password: an idle connection serves
-        // this one with no exchange, so nothing can stall while the place is held.
+    let mut probe = None;
+    if config.auth_type == AuthType::Upstream {
         route.credential = upstream_credential(&config, &route, shared);
-        let idle = deadline
-            .not_counting(async {
-                let mut lease = acquire(client, &pool, wait, shared).await?;
-                let conn = lease.take_idle(route.fingerprint, &settings, None).await;
-                Ok::<_, ClientError>(conn.map(|conn| (lease, conn)))
-            })
-            .await?;
-        if let Some((lease, conn)) = idle {
-            deadline
-                .bound(client.send(&backend::authentication_ok()))
-                .await?;
-            return Ok((route, lease, conn));
+        loop {
+            match pool.trust.get() {
+                Trust::Trusted => {
+                    let served = deadline
+                        .not_counting(trusted_login(client, shared, &pool, &route, wait))
+                        .await?;
+                    if let Some((lease, conn)) = served {
+                        deadline
+                            .bound(client.send(&backend::authentication_ok()))
+                            .await?;
+                        return Ok((route, lease, conn));
+                    }
+                    // The server did not let pgmemo in without a password (or is not
+                    // reachable): a relayed exchange finds out.
+                    pool.trust.set(Trust::Unknown);
+                }
+                Trust::Asks => break,
+                Trust::Unknown => {
+                    probe = pool.trust.probe();
+                    if probe.is_some() {
+                        break;
+                    }
+                }
+                Trust::Probing => {
+                    deadline
+                        .bound(async {
+                            pool.trust.probed().await;
+                            Ok(())
+                        })
+                        .await?
+                }
+            }
         }
     }
-    let accepted = authenticate(client, shared, &config, route, startup, &mut deadline).await?;
+    let on_asked = || pool.trust.set(Trust::Asks);
+    let accepted = authenticate(
+        client,
+        shared,
+        &config,
+        route,
+        startup,
+        &mut deadline,
+        &on_asked,
+    )
+    .await?;
     let route = accepted.route;
     if let Some((conn, asked)) = accepted.relayed {
-        pool.set_trust_known(!asked);
+        pool.trust
+            .set(if asked { Trust::Asks } else { Trust::Trusted });
+        drop(probe);
         // Authenticated: the connection joins the pool once it has a place.
         let mut lease = match acquire(client, &pool, wait, shared).await {
             Ok(lease) => lease,
@@ -196,7 +227,16 @@ pub async fn login_unpooled(
 ) -> Result<(Route, Option<Box<ServerConn>>), ClientError> {
     let config = shared.config();
     let route = Route::resolve(&config, startup);
-    let accepted = authenticate(client, shared, &config, route, startup, &mut deadline).await?;
+    let accepted = authenticate(
+        client,
+        shared,
+        &config,
+        route,
+        startup,
+        &mut deadline,
+        &|| {},
+    )
+    .await?;
     Ok((accepted.route, accepted.relayed.map(|(conn, _)| conn)))
 }
 
@@ -221,6 +261,7 @@ async fn authenticate(
     mut route: Route,
     startup: &StartupMessage,
     deadline: &mut LoginDeadline,
+    on_asked: &(dyn Fn() + Sync),
 ) -> Result<Accepted, ClientError> {
     if config.auth_type == AuthType::Upstream {
         route.credential = upstream_credential(config, &route, shared);
@@ -229,7 +270,7 @@ async fn authenticate(
         let (mut conn, asked) = deadline
             .bound(async {
                 let mut conn = open(shared, &route, upstream_tls).await?;
-                let asked = relay_upstream_auth(client, &mut conn, timeout).await?;
+                let asked = relay_upstream_auth(client, &mut conn, timeout, on_asked).await?;
                 Ok((conn, asked))
             })
             .await?;
@@ -278,6 +319,34 @@ fn upstream_credential(config: &Config, route: &Route, shared: &Shared) -> Serve
         Some(p) => ServerCredential::Password(p),
         None => ServerCredential::None,
     }
+}
+
+/// Serves a login the server trusts from the pool, with no relayed exchange: an idle
+/// connection, or a new one pgmemo opens without a password while it holds the pool place
+/// (so that a crowd of logins opens no more connections than the pool has places). `None`
+/// when the new connection could not be opened that way: the server asks for a password
+/// now, or is not reachable, and a relayed exchange must tell the client which.
+async fn trusted_login(
+    client: &mut ClientConn,
+    shared: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    route: &Route,
+    wait: std::time::Duration,
+) -> Result<Option<(Lease, Box<ServerConn>)>, ClientError> {
+    let mut lease = acquire(client, pool, wait, shared).await?;
+    let settings = pool_settings(&shared.config());
+    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
+        return Ok(Some((lease, conn)));
+    }
+    lease.reserve_new();
+    let unauthenticated = Route {
+        credential: ServerCredential::None,
+        ..route.clone()
+    };
+    Ok(open_authenticated(shared, &unauthenticated)
+        .await
+        .ok()
+        .map(|conn| (lease, conn)))
 }
 
 /// How much a queued client may send ahead (its first queries, pipelined behind the startup)

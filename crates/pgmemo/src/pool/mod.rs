@@ -12,10 +12,11 @@ mod listing;
 mod prepared;
 mod server;
 pub mod settings;
+mod trust;
 mod wait;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ pub use prepared::{
     StatementSource,
 };
 pub use server::{ServerConn, ServerCredential, ServerError, ServerSession};
+pub use trust::{Probe, Trust, TrustState};
 pub use wait::WaitTimer;
 
 /// Identifies a pool: the real server, database and user of its connections, and the
@@ -164,10 +166,10 @@ pub struct Pool {
     /// are forgotten instead of returned as leases end.
     shrink_debt: AtomicUsize,
     state: Mutex<PoolState>,
-    /// Whether the server accepted pgmemo's last connection for this key without asking for a
-    /// password: only then may `auth_type = upstream` hand an idle connection to a new client
-    /// without relaying an authentication exchange.
-    trust_known: AtomicBool,
+    /// Whether the server lets this key's logins in without a password: only then may
+    /// `auth_type = upstream` serve a new client from the pool without relaying an
+    /// authentication exchange.
+    pub trust: TrustState,
     /// Clients queued for a place now (SHOW POOLS): a pool that is too small shows here
     /// before any wait times out.
     waiting: AtomicUsize,
@@ -203,7 +205,7 @@ impl Pool {
                 idle: VecDeque::new(),
                 total: 0,
             }),
-            trust_known: AtomicBool::new(false),
+            trust: TrustState::default(),
             waiting: AtomicUsize::new(0),
             sized_in: Mutex::new(0),
         }
@@ -340,16 +342,6 @@ impl Pool {
         let mut lease = self.try_acquire().ok()??;
         // Counted again under the lock: another spare may have been reserved meanwhile.
         lease.reserve_below(limit).then_some(lease)
-    }
-
-    /// See the field doc of `trust_known`.
-    pub fn trust_known(&self) -> bool {
-        self.trust_known.load(Ordering::Acquire)
-    }
-
-    /// Records whether the last login needed a password.
-    pub fn set_trust_known(&self, trusted: bool) {
-        self.trust_known.store(trusted, Ordering::Release);
     }
 
     /// Closes every idle connection of this pool (shutdown; also lets a test force the next
