@@ -1637,3 +1637,76 @@ async fn a_failed_unnamed_parse_leaves_no_unnamed_statement() {
     })
     .await;
 }
+
+/// A Bind of the unnamed statement pipelined behind a batch that fails: pgmemo's Close of
+/// another client's unnamed statement in the failed batch was skipped, so the Bind waits for
+/// that batch's answers and closes it again rather than run the other client's statement.
+/// As in PostgreSQL, the client that never parsed one gets 26000.
+#[tokio::test]
+async fn a_bind_behind_a_failed_batch_never_runs_another_clients_unnamed_statement() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (
+                B,
+                vec![
+                    msg::parse("", "SELECT 'b' AS owner", &[]),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (
+                A,
+                vec![
+                    msg::describe(b'P', ""),
+                    msg::describe(b'S', ""),
+                    msg::execute("", 0),
+                    msg::sync(),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.starts_with(" 1 A| Error ERROR 26000")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}
+
+/// A Parse of a name given in an earlier, failed batch of the same write, behind a Close of
+/// a portal and followed by Flush: it waits for the failed batch's answers, is then found a
+/// duplicate (the failed batch's first Parse of the name had succeeded), and every answer
+/// comes, as from PostgreSQL.
+#[tokio::test]
+async fn a_duplicate_behind_a_failed_batch_and_a_flush_is_answered() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let steps = vec![(
+            A,
+            vec![
+                msg::parse("s2", "SELECT 1 AS one", &[]),
+                msg::execute("", 0),
+                msg::parse("s2", "SELECT 2 AS two", &[]),
+                msg::flush(),
+                msg::sync(),
+                msg::close(b'P', "p1"),
+                msg::parse("s2", "SELECT $1::int AS three", &[23]),
+                msg::flush(),
+                msg::sync(),
+            ],
+        )];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript.iter().any(|l| l.contains("ERROR 42P05")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

@@ -856,7 +856,9 @@ impl Pumps<'_, '_> {
                     if processed.released && link.releasable() {
                         return Some(Ok(()));
                     }
-                    if !link.waits_for_server() {
+                    // A held message may go now (its server may owe nothing more until it
+                    // does): the pumps look at the client's input again.
+                    if !link.waits_for_server() || link.holding {
                         return None;
                     }
                 }

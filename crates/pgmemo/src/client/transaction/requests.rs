@@ -209,10 +209,7 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
         }
         _ => return false,
     };
-    let Some(name) = name.filter(|n| !n.is_empty()) else {
-        return false;
-    };
-    let Ok(name) = std::str::from_utf8(&name) else {
+    let Some(name) = name else {
         return false;
     };
     // Entries up to the last Sync belong to earlier batches; those after it to the batch this
@@ -224,6 +221,12 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
             .map_or(0, |i| i + 1)
     } else {
         link.queue.len()
+    };
+    if name.is_empty() {
+        return header.tag != frontend::tag::PARSE && unnamed_undecided(link, earlier);
+    }
+    let Ok(name) = std::str::from_utf8(&name) else {
+        return false;
     };
     link.queue.iter().take(earlier).any(|entry| {
         let given = entry
@@ -238,6 +241,21 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
                 _ => false,
             })
     })
+}
+
+/// Whether a Bind or Describe of the unnamed statement depends on an earlier batch's Parse
+/// or Close of it (the client's, or one pgmemo sent to give the server the client's unnamed
+/// statement, or none of another client's): skipped after an error there, it leaves the
+/// server another unnamed statement than pgmemo assumed, which the Bind would run. A Parse
+/// of it earlier in the message's own batch decides it alone (drivers in pipeline mode send
+/// Parse, Bind and Execute of the unnamed statement in every batch, and keep their pipeline).
+fn unnamed_undecided(link: &Link<'_>, earlier: usize) -> bool {
+    let parsed_here = link
+        .queue
+        .iter()
+        .skip(earlier)
+        .any(|e| e.unnamed.as_ref().is_some_and(|u| u.client.is_some()));
+    !parsed_here && link.queue.iter().take(earlier).any(|e| e.unnamed.is_some())
 }
 
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
