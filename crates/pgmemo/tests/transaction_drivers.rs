@@ -30,9 +30,14 @@ const RUN_LIMIT: Duration = Duration::from_secs(120);
 /// one server connection), with the cache on and off (requests that need nothing of pgmemo
 /// take the plain path then), and asserts identical answers; returns the transcript.
 async fn same_as_postgres(steps: &[(Who, Vec<Vec<u8>>)]) -> Vec<String> {
+    same_as_postgres_over(1, steps).await
+}
+
+/// [`same_as_postgres`] over a pool of `servers`.
+async fn same_as_postgres_over(servers: usize, steps: &[(Who, Vec<Vec<u8>>)]) -> Vec<String> {
     let direct = run_script(LocalPostgres::PORT, steps).await;
     for cache in [Switch::On, Switch::Off] {
-        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = cache).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, servers, |c| c.cache = cache).await;
         let proxied = run_script(pgmemo.port(), steps).await;
         assert!(
             direct == proxied,
@@ -1705,6 +1710,48 @@ async fn a_duplicate_behind_a_failed_batch_and_a_flush_is_answered() {
         let transcript = same_as_postgres(&steps).await;
         assert!(
             transcript.iter().any(|l| l.contains("ERROR 42P05")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}
+
+/// A Bind pipelined behind a batch in which pgmemo prepared the statement on the client's
+/// new server: when the server skipped that Parse (here: the transaction is aborted), the
+/// Bind waits and prepares it again rather than name a statement the server lacks. As in
+/// PostgreSQL, both batches fail with 25P02.
+#[tokio::test]
+async fn a_bind_behind_a_skipped_preparation_prepares_again() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let q = |s: &str| vec![msg::query(s)];
+        let run = |portal: &'static str| {
+            vec![
+                msg::bind(portal, "s1", &[Some("7")]),
+                msg::describe(b'P', portal),
+                msg::execute(portal, 0),
+                msg::sync(),
+            ]
+        };
+        let steps = vec![
+            (
+                A,
+                vec![msg::parse("s1", "SELECT $1::int AS n", &[23]), msg::sync()],
+            ),
+            // B holds the server A prepared s1 on: A's block runs on the other one.
+            (B, q("BEGIN")),
+            (A, q("BEGIN; SELECT 1/0")),
+            (A, [run("p1"), run("")].concat()),
+            (A, q("ROLLBACK")),
+            (B, q("ROLLBACK")),
+        ];
+        let transcript = same_as_postgres_over(2, &steps).await;
+        assert_eq!(
+            transcript
+                .iter()
+                .filter(|l| l.starts_with(" 3 A| Error ERROR 25P02"))
+                .count(),
+            2,
             "{transcript:#?}"
         );
     })

@@ -172,7 +172,9 @@ pub fn translate(
 /// server skips that batch's messages after an error in it, and PostgreSQL then treats the
 /// name as it was before; pgmemo, which answers a Close or a known Parse itself and refuses
 /// a duplicate or unknown name itself, must know which it was. A Bind or Describe waits only
-/// behind a name taken away: one given behind it goes to the server, which reports a
+/// behind a name taken away, or behind pgmemo's own Parse (or Close) of its statement on
+/// this server (the first use on a server, in a pipeline): one given behind it goes to the
+/// server, which reports a
 /// skipped Parse's statement missing itself, so that drivers that pipeline a new
 /// statement's Parse and its executions in separate batches keep their pipeline.
 #[inline]
@@ -228,12 +230,27 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
     let Ok(name) = std::str::from_utf8(&name) else {
         return false;
     };
+    // A Bind or Describe of a statement pgmemo prepares (or evicts) on this server in an
+    // earlier batch: if the server skips that, it lacks the statement (or still has it), and
+    // the message, sent as if it had run, would fail where PostgreSQL's would not.
+    let used = if given_counts {
+        None
+    } else {
+        link.client.statements.get(name)
+    };
     link.queue.iter().take(earlier).any(|entry| {
         let given = entry
             .revert
             .as_ref()
             .is_some_and(|r| r.client_name.as_deref() == Some(name));
-        (given_counts && given)
+        let prepared_for_use = used.is_some_and(|statement| {
+            entry
+                .revert
+                .as_ref()
+                .is_some_and(|r| r.client_name.is_none() && Arc::ptr_eq(&r.statement, statement))
+        });
+        prepared_for_use
+            || (given_counts && given)
             || entry.outcomes.iter().any(|o| match &o.effect {
                 Effect::Prepared { client_name, .. } => given_counts && client_name == name,
                 Effect::Deallocated(names) => names.iter().any(|(n, _)| n == name),
