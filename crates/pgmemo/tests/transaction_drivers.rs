@@ -1757,3 +1757,54 @@ async fn a_bind_behind_a_skipped_preparation_prepares_again() {
     })
     .await;
 }
+
+/// A SQL-level `PREPARE` of a name the client has: PostgreSQL analyses the statement first,
+/// so one with an error of its own fails with that error, and only a sound one with 42P05;
+/// either way the prepared statement the client had stays as it was.
+#[tokio::test]
+async fn a_duplicate_sql_prepare_reports_its_statements_own_error_first() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let q = |sql: &str| vec![msg::query(sql)];
+        let steps = vec![
+            (A, q("PREPARE q2(int) AS SELECT $1::int AS n")),
+            (
+                A,
+                q("PREPARE q2(int) AS SELECT v FROM pgmemo_nosuch WHERE k = $1"),
+            ),
+            (A, q("PREPARE q2(int) AS SELECT $1::int + 1 AS m")),
+            (
+                A,
+                q("SELECT 1 AS one; PREPARE q2 AS SELECT nosuch_col; SELECT 2"),
+            ),
+            (
+                A,
+                vec![
+                    msg::parse("", "PREPARE q2 AS SELECT 'it''s' FROM pgmemo_nosuch", &[]),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (A, q("BEGIN; SELECT 1/0")),
+            (A, q("PREPARE q2 AS SELECT 3")),
+            (A, q("ROLLBACK")),
+            (A, q("EXECUTE q2(5)")),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        for expected in [
+            " 1 A| Error ERROR 42P01",
+            " 2 A| Error ERROR 42P05",
+            " 3 A| Error ERROR 42703",
+            " 4 A| Error ERROR 42P01",
+            " 6 A| Error ERROR 25P02",
+            " 8 A| DataRow [5]",
+        ] {
+            assert!(
+                transcript.iter().any(|l| l.starts_with(expected)),
+                "{expected}: {transcript:#?}"
+            );
+        }
+    })
+    .await;
+}

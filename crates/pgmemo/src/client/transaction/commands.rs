@@ -131,6 +131,34 @@ pub struct Planner<'a> {
 }
 
 impl Planner<'_> {
+    /// A `PREPARE` of a name the client has: what runs in its place. PostgreSQL analyses the
+    /// statement before it looks the name up, so a statement with an error of its own (a
+    /// missing table, a type mismatch) fails with that error, and only then with 42P05: the
+    /// server prepares it under a name of pgmemo's, drops it again and raises the duplicate.
+    fn duplicate_prepare(&self, stmt: &StatementInfo) -> Option<String> {
+        let StatementKind::Prepare {
+            name,
+            param_types,
+            statement,
+        } = &stmt.kind
+        else {
+            return None;
+        };
+        if !self.client.contains_key(name) {
+            return None;
+        }
+        let types = if param_types.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", param_types.join(", "))
+        };
+        let probe = format!("PREPARE {PROBE_STATEMENT}{types} AS {}", statement.text);
+        Some(raise_after_sql(
+            &[&probe, &format!("DEALLOCATE {PROBE_STATEMENT}")],
+            &duplicate(name),
+        ))
+    }
+
     /// Plans `text`. Statements the analysis cannot parse are forwarded as they are: the
     /// server reports the syntax error.
     pub fn plan(&mut self, text: &[u8], protocol: Protocol) -> Plan {
@@ -155,6 +183,15 @@ impl Planner<'_> {
         let mut pieces: Vec<(std::ops::Range<usize>, String)> = Vec::new();
         let mut raises = false;
         for (i, stmt) in analysis.statements.iter().enumerate() {
+            if protocol != (Protocol::Extended { named: true }) {
+                if let Some(raise) = self.duplicate_prepare(stmt) {
+                    // The statements before it run, as in PostgreSQL; nothing after it does.
+                    pieces.push((stmt.source.start..text.len(), raise));
+                    outcomes.push(Outcome::plain());
+                    raises = true;
+                    break;
+                }
+            }
             let planned =
                 refusal(stmt).and_then(|()| self.statement(stmt, protocol, many, &mut prep));
             let (outcome, replacement) = match planned {
@@ -678,12 +715,25 @@ fn splice(text: &str, pieces: &[(std::ops::Range<usize>, String)]) -> String {
 /// A statement that makes the server raise `error`, so the client's transaction fails exactly
 /// as if PostgreSQL had refused the statement itself.
 pub fn raise_sql(error: &ErrorResponse) -> String {
+    raise_after_sql(&[], error)
+}
+
+/// The server-side name under which a duplicate `PREPARE`'s statement is analysed (see
+/// `Planner::duplicate_prepare`): no client's statement maps to it.
+const PROBE_STATEMENT: &str = "pgmemo_probe";
+
+/// Like [`raise_sql`], after running `first` (statements whose own errors come first).
+fn raise_after_sql(first: &[&str], error: &ErrorResponse) -> String {
     let lit = quote_literal;
-    let mut body = format!(
-        "BEGIN RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = {}",
+    let mut body = String::from("BEGIN ");
+    for sql in first {
+        body.push_str(&format!("EXECUTE {}; ", lit(sql)));
+    }
+    body.push_str(&format!(
+        "RAISE EXCEPTION USING ERRCODE = {}, MESSAGE = {}",
         lit(&error.code),
         lit(&error.message)
-    );
+    ));
     if let Some(hint) = &error.hint {
         body.push_str(&format!(", HINT = {}", lit(hint)));
     }
