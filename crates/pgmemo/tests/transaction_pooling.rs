@@ -253,6 +253,43 @@ async fn sql_prepare_execute_deallocate_are_per_client() {
     .await
 }
 
+/// Errors pgmemo has the server raise in place of PostgreSQL's (an unknown or duplicate
+/// name, in a simple query or as the unnamed statement of the extended protocol) read as
+/// PostgreSQL's: same SQLSTATE and message, and no PL/pgSQL context line.
+#[tokio::test]
+async fn raised_errors_carry_no_context_of_pgmemos_own() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let direct = testkit::connect(&testkit::url("127.0.0.1", LocalPostgres::PORT, USER, DB))
+            .await
+            .unwrap();
+        let proxied = pgmemo.client(USER, DB).await;
+        for client in [&direct, &proxied] {
+            client.batch_execute("PREPARE q AS SELECT 1").await.unwrap();
+        }
+        let fields = |e: tokio_postgres::Error| {
+            let db = e.as_db_error().expect("a server error").clone();
+            (
+                db.code().code().to_owned(),
+                db.message().to_owned(),
+                db.where_().map(str::to_owned),
+            )
+        };
+        for sql in ["EXECUTE nope", "DEALLOCATE nope", "PREPARE q AS SELECT 2"] {
+            let mut seen = Vec::new();
+            for client in [&direct, &proxied] {
+                let by_query = client.simple_query(sql).await.map(|_| ()).unwrap_err();
+                let unnamed = client.query_typed(sql, &[]).await.map(|_| ()).unwrap_err();
+                seen.push((fields(by_query), fields(unnamed)));
+            }
+            assert_eq!(seen[0], seen[1], "{sql}: direct, then through pgmemo");
+            assert_eq!(seen[1].0 .2, None, "{sql}: {:?}", seen[1]);
+        }
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
 /// `EXPLAIN EXECUTE` and `CREATE TABLE ... AS EXECUTE` run the client's own statement of
 /// that name, as `EXECUTE` does, on whichever server they get.
 #[tokio::test]

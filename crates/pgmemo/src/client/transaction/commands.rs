@@ -71,6 +71,10 @@ pub enum Effect {
         statements: Vec<(String, Arc<PreparedStatement>)>,
         reset: TrackedChange,
     },
+    /// The statement is a `DO` block raising an error in place of the client's (a refusal
+    /// PostgreSQL reports when the statement runs): the error reaches the client without the
+    /// PL/pgSQL context line, as PostgreSQL itself would report it.
+    Raises,
 }
 
 /// One statement's effect and the command tag to show instead of the server's.
@@ -90,6 +94,14 @@ impl Outcome {
             effect: Effect::None,
             tag: None,
             uses: None,
+        }
+    }
+
+    /// See [`Effect::Raises`].
+    pub fn raises() -> Outcome {
+        Outcome {
+            effect: Effect::Raises,
+            ..Outcome::plain()
         }
     }
 }
@@ -187,7 +199,7 @@ impl Planner<'_> {
                 if let Some(raise) = self.duplicate_prepare(stmt) {
                     // The statements before it run, as in PostgreSQL; nothing after it does.
                     pieces.push((stmt.source.start..text.len(), raise));
-                    outcomes.push(Outcome::plain());
+                    outcomes.push(Outcome::raises());
                     raises = true;
                     break;
                 }
@@ -200,7 +212,7 @@ impl Planner<'_> {
                 Err(e) => {
                     // The statements before it run, as in PostgreSQL; nothing after it does.
                     pieces.push((stmt.source.start..text.len(), raise_sql(&e)));
-                    outcomes.push(Outcome::plain());
+                    outcomes.push(Outcome::raises());
                     raises = true;
                     break;
                 }

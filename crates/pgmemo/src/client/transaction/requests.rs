@@ -104,6 +104,7 @@ pub fn translate(
             let mut entry = Entry::forward(Expect::Execute);
             if !link.portals.is_empty() {
                 if let Some(outcome) = link.portals.get(portal) {
+                    entry.raised = matches!(outcome.effect, Effect::Raises);
                     entry.outcomes.push(Outcome::clone(outcome));
                 }
             }
@@ -550,7 +551,7 @@ fn parse(
             // statement runs: the unnamed statement is one that raises the error when it is
             // executed (its Parse, Bind and Describe succeed, as they would there).
             let parse = encode_parse("", &raise_sql(&e), &msg.param_types);
-            send_unnamed_parse(link, parse, None, false, out);
+            send_unnamed_parse(link, parse, Some(Arc::new(Outcome::raises())), false, out);
             return Ok(false);
         }
         Plan::Refused(e) => {

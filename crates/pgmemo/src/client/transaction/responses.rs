@@ -499,7 +499,7 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
         }
         Effect::SettingsUnknown => link.server.settings.unknown = true,
         Effect::LocalSetting(name) => link.txn.explained.add(name.as_deref()),
-        Effect::Prepared { .. } | Effect::Deallocated(_) | Effect::None => {}
+        Effect::Prepared { .. } | Effect::Deallocated(_) | Effect::None | Effect::Raises => {}
     }
     outcome.tag.map(|t| {
         let mut out = BytesMut::with_capacity(t.len() + 6);
