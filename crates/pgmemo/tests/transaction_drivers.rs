@@ -1808,3 +1808,33 @@ async fn a_duplicate_sql_prepare_reports_its_statements_own_error_first() {
     })
     .await;
 }
+
+/// `DISCARD ALL` closes the client's portals, as in PostgreSQL (which commits it at once in
+/// the extended protocol, dropping every portal): an Execute of a portal bound before it in
+/// the same batch fails with 34000.
+#[tokio::test]
+async fn discard_all_closes_the_clients_portals() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let steps = vec![(
+            A,
+            vec![
+                msg::parse("s1", "SELECT 1 AS one", &[]),
+                msg::bind("p1", "s1", &[]),
+                msg::parse("", "DISCARD ALL", &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                msg::execute("p1", 0),
+                msg::sync(),
+            ],
+        )];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.starts_with(" 0 A| Error ERROR 34000")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

@@ -61,6 +61,9 @@ enum Use {
     /// In a simple Query or an unnamed Parse only (SQL-level PREPARE and friends, which
     /// transaction pooling refuses in named statements).
     Unnamed,
+    /// In a simple Query only: `DISCARD ALL`, which PostgreSQL commits at once in the
+    /// extended protocol (a documented difference of transaction pooling).
+    Simple,
 }
 
 struct Template {
@@ -82,6 +85,14 @@ const fn u(sql: &'static str) -> Template {
         sql,
         param: Param::None,
         place: Use::Unnamed,
+    }
+}
+
+const fn q(sql: &'static str) -> Template {
+    Template {
+        sql,
+        param: Param::None,
+        place: Use::Simple,
     }
 }
 
@@ -197,7 +208,7 @@ const SESSION: &[Template] = &[
     u("EXECUTE q3"),
     u("DEALLOCATE q1"),
     u("DEALLOCATE ALL"),
-    u("DISCARD ALL"),
+    q("DISCARD ALL"),
     t(
         "DECLARE c1 CURSOR FOR SELECT k FROM {p}_ta ORDER BY k",
         Param::None,
@@ -367,7 +378,7 @@ impl Generator {
 
     fn parse(&mut self, who: Who, name_index: usize) -> Op {
         let mut template = self.template();
-        while name_index != 0 && template.place == Use::Unnamed {
+        while template.place == Use::Simple || (name_index != 0 && template.place == Use::Unnamed) {
             template = self.template();
         }
         let sql = if self.rng.chance(3) {

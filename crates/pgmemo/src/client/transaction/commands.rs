@@ -377,7 +377,10 @@ impl Planner<'_> {
                         tag: Some("DISCARD ALL"),
                         uses: None,
                     },
-                    Some(NO_OP.to_owned()),
+                    // DISCARD ALL closes every portal, the one running it too (a second
+                    // Execute of it fails with 34000): so does CLOSE ALL. Outside a block
+                    // the server's portals are all this client's.
+                    Some("CLOSE ALL".to_owned()),
                 ))
             }
             // Their code may run SET (it persists once the transaction commits), which
