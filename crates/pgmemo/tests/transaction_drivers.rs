@@ -1838,3 +1838,36 @@ async fn discard_all_closes_the_clients_portals() {
     })
     .await;
 }
+
+/// A second Execute of a portal that ran a SQL-level `PREPARE` fails (a utility statement's
+/// portal runs once) and undoes nothing: the client still has the statement, and a second
+/// `PREPARE` of its name fails with 42P05, as in PostgreSQL.
+#[tokio::test]
+async fn a_second_execute_of_a_prepare_portal_undoes_nothing() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let prepare = "PREPARE q2(int) AS SELECT $1::int AS n";
+        let steps = vec![
+            (
+                A,
+                vec![
+                    msg::parse("", prepare, &[]),
+                    msg::bind("p1", "", &[]),
+                    msg::execute("p1", 0),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                ],
+            ),
+            (A, vec![msg::query(&format!("SELECT 1 AS one; {prepare}"))]),
+            (A, vec![msg::query("EXECUTE q2(4)")]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.starts_with(" 1 A| Error ERROR 42P05")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

@@ -103,9 +103,18 @@ pub fn translate(
             let portal = Execute::portal_of(frame.body())?;
             let mut entry = Entry::forward(Expect::Execute);
             if !link.portals.is_empty() {
-                if let Some(outcome) = link.portals.get(portal) {
+                // A utility statement's portal runs once (a second Execute fails with 55000
+                // and must not undo what the first did): only a query's portal, which may
+                // be executed row batch by row batch, keeps its outcome for the next one.
+                let runs_again = |o: &Outcome| matches!(o.effect, Effect::SettingsUnknown);
+                let outcome = match link.portals.get(portal) {
+                    Some(o) if runs_again(o) => Some(Arc::clone(o)),
+                    Some(_) => link.portals.remove(portal),
+                    None => None,
+                };
+                if let Some(outcome) = outcome {
                     entry.raised = matches!(outcome.effect, Effect::Raises);
-                    entry.outcomes.push(Outcome::clone(outcome));
+                    entry.outcomes.push(Outcome::clone(&outcome));
                 }
             }
             if let Some(cache) = link.cache.as_deref_mut() {
