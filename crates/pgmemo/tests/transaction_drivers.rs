@@ -1871,3 +1871,55 @@ async fn a_second_execute_of_a_prepare_portal_undoes_nothing() {
     })
     .await;
 }
+
+/// A batch whose Parse of the unnamed statement the server skips, pipelined ahead of one in
+/// which pgmemo gives the server an unnamed statement of its own (a named Parse it has the
+/// server check in place of the client's): undoing the skipped Parse must not make pgmemo
+/// forget the later one, or the next client's Bind of the unnamed statement would run it.
+#[tokio::test]
+async fn undoing_a_skipped_unnamed_parse_keeps_a_later_batchs() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let update = "UPDATE pgmemo_undo_t SET v = v + 1 WHERE k = $1";
+        let admin = testkit::connect(&testkit::url("127.0.0.1", LocalPostgres::PORT, USER, DB))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(
+                "DROP TABLE IF EXISTS pgmemo_undo_t; \
+                 CREATE TABLE pgmemo_undo_t (k int PRIMARY KEY, v int)",
+            )
+            .await
+            .unwrap();
+        let steps = vec![
+            // The server gets the statement, the client forgets its name.
+            (A, vec![msg::parse("w1", update, &[]), msg::sync()]),
+            (A, vec![msg::close(b'S', "w1"), msg::sync()]),
+            (
+                B,
+                vec![
+                    msg::describe(b'P', ""),
+                    msg::parse("", "SELECT 1 AS one", &[]),
+                    msg::sync(),
+                    msg::parse("s2", update, &[]),
+                    msg::bind("p1", "s2", &[Some("1")]),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                ],
+            ),
+            (A, vec![msg::bind("", "", &[]), msg::sync()]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.starts_with(" 3 A| Error ERROR 26000")),
+            "{transcript:#?}"
+        );
+        admin
+            .batch_execute("DROP TABLE pgmemo_undo_t")
+            .await
+            .unwrap();
+    })
+    .await;
+}

@@ -356,16 +356,30 @@ impl Link<'_> {
     /// Undoes a Parse or Close of the unnamed statement the server skipped, or records what
     /// its failure left (`failed`): no unnamed statement on the server, nor for the client
     /// when the Parse was its own.
+    ///
+    /// A later batch already sent may have changed the unnamed statement again (the queue
+    /// holds its entries): then the records show what that batch left, and what changes is
+    /// the state that batch's own undo goes back to, should the server skip it too.
     pub fn undo_unnamed(&mut self, undo: UnnamedUndo, failed: bool) {
-        if failed {
-            self.server.unnamed = None;
-            if undo.client.is_some() {
-                self.client.unnamed = None;
-            }
+        let (server, client) = if failed {
+            (None, undo.client.map(|_| None))
         } else {
-            self.server.unnamed = undo.server;
-            if let Some(client) = undo.client {
-                self.client.unnamed = client;
+            (undo.server, undo.client)
+        };
+        let later = self.queue.iter_mut().find_map(|e| e.unnamed.as_deref_mut());
+        match later {
+            Some(next) => next.server = server,
+            None => self.server.unnamed = server,
+        }
+        if let Some(client) = client {
+            let later = self
+                .queue
+                .iter_mut()
+                .filter_map(|e| e.unnamed.as_deref_mut())
+                .find(|u| u.client.is_some());
+            match later {
+                Some(next) => next.client = Some(client),
+                None => self.client.unnamed = client,
             }
         }
     }
