@@ -1923,3 +1923,38 @@ async fn undoing_a_skipped_unnamed_parse_keeps_a_later_batchs() {
     })
     .await;
 }
+
+/// A Parse in an aborted block, of a text the server holds already (another client prepared
+/// it), with a Bind of its name pipelined in the next batch: PostgreSQL refuses the Parse
+/// (25P02), so the name does not exist and the Bind fails with 26000, which pgmemo must not
+/// turn into the server's 25P02 for the statement it holds.
+#[tokio::test]
+async fn a_bind_behind_a_refused_parse_of_a_held_statement_fails_with_26000() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let text = "SELECT 41 AS n";
+        let steps = vec![
+            (A, vec![msg::parse("w1", text, &[]), msg::sync()]),
+            (B, vec![msg::query("BEGIN; SELECT 1/0")]),
+            (
+                B,
+                vec![
+                    msg::parse("s1", text, &[]),
+                    msg::bind("p1", "s1", &[]),
+                    msg::sync(),
+                    msg::bind("", "s1", &[]),
+                    msg::sync(),
+                ],
+            ),
+            (B, vec![msg::query("ROLLBACK")]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.starts_with(" 2 B| Error ERROR 26000")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

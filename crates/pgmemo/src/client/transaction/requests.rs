@@ -182,11 +182,12 @@ pub fn translate(
 /// server skips that batch's messages after an error in it, and PostgreSQL then treats the
 /// name as it was before; pgmemo, which answers a Close or a known Parse itself and refuses
 /// a duplicate or unknown name itself, must know which it was. A Bind or Describe waits only
-/// behind a name taken away, or behind pgmemo's own Parse (or Close) of its statement on
-/// this server (the first use on a server, in a pipeline): one given behind it goes to the
-/// server, which reports a
-/// skipped Parse's statement missing itself, so that drivers that pipeline a new
-/// statement's Parse and its executions in separate batches keep their pipeline.
+/// behind a name taken away, behind a name given to a statement the server held already, or
+/// behind pgmemo's own Parse (or Close) of its statement on this server (the first use on a
+/// server, in a pipeline). One behind a name given by a Parse the server runs goes to the
+/// server, which reports a skipped Parse's statement missing itself, so that drivers that
+/// pipeline a new statement's Parse and its executions in separate batches keep their
+/// pipeline.
 #[inline]
 pub fn must_wait(buf: &[u8], link: &Link<'_>) -> bool {
     if link.queue.is_empty() {
@@ -259,7 +260,11 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
                 .as_ref()
                 .is_some_and(|r| r.client_name.is_none() && Arc::ptr_eq(&r.statement, statement))
         });
+        // A name given to a statement the server held already: skipped, the name is gone,
+        // but the server would still run the statement.
+        let given_held = given && entry.revert.as_ref().is_some_and(|r| !r.on_server);
         prepared_for_use
+            || given_held
             || (given_counts && given)
             || entry.outcomes.iter().any(|o| match &o.effect {
                 Effect::Prepared { client_name, .. } => given_counts && client_name == name,
