@@ -1958,3 +1958,34 @@ async fn a_bind_behind_a_refused_parse_of_a_held_statement_fails_with_26000() {
     })
     .await;
 }
+
+/// An unnamed `DEALLOCATE ALL` whose Parse the server skips (an error earlier in the batch)
+/// deallocates nothing: the client's statements still run, as in PostgreSQL.
+#[tokio::test]
+async fn a_skipped_unnamed_deallocate_all_keeps_the_clients_statements() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (
+                A,
+                vec![msg::parse("s1", "SELECT 11 AS n", &[]), msg::sync()],
+            ),
+            (
+                A,
+                vec![
+                    msg::bind("", "", &[]),
+                    msg::parse("", "DEALLOCATE ALL", &[]),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                ],
+            ),
+            (A, exec("s1", &[])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript.iter().any(|l| l.ends_with("DataRow [11]")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}

@@ -350,6 +350,16 @@ fn send_unnamed_parse(
     out.extend_from_slice(&parse);
     let mut entry = Entry::forward(Expect::Parse);
     entry.unnamed = Some(link.unnamed_undo(true));
+    // What planning the statement changed in the client's names (a `PREPARE`, `DEALLOCATE`
+    // or `DISCARD ALL`) is undone should the server skip or refuse the Parse.
+    if let Some(o) = &outcome {
+        if matches!(
+            o.effect,
+            Effect::Prepared { .. } | Effect::Deallocated(_) | Effect::Discarded { .. }
+        ) {
+            entry.outcomes.push(Outcome::clone(o));
+        }
+    }
     link.unnamed_parsed(Some(Unnamed {
         seq: 0,
         parse,
