@@ -31,13 +31,7 @@ impl Conn {
             stream,
             buf: Vec::new(),
         };
-        let mut body = 196_608u32.to_be_bytes().to_vec();
-        for s in ["user", USER, "database", DB, ""] {
-            body.extend_from_slice(s.as_bytes());
-            body.push(0);
-        }
-        let mut startup = (body.len() as u32 + 4).to_be_bytes().to_vec();
-        startup.extend_from_slice(&body);
+        let startup = wire::startup::StartupMessage::encode([("user", USER), ("database", DB)]);
         conn.stream.write_all(&startup).await.expect("startup");
         loop {
             match conn.recv(Duration::from_secs(10)).await {
