@@ -102,7 +102,7 @@ async fn probe(shared: &Arc<Shared>) -> Result<Option<String>, FeedError> {
         Err(e) => return Err(e),
     };
     let rows = conn
-        .query_text_rows(
+        .simple_query_rows(
             "SELECT current_setting('wal_level'), rolsuper OR rolreplication \
              FROM pg_catalog.pg_roles WHERE rolname = current_user",
         )

@@ -65,7 +65,7 @@ pub fn quote_literal(value: &str) -> String {
 /// The first column of the first row of a query, as text.
 pub async fn scalar(conn: &mut ServerConn, sql: &str) -> Result<Option<String>, FeedError> {
     Ok(conn
-        .query_text_rows(sql)
+        .simple_query_rows(sql)
         .await?
         .into_iter()
         .next()
@@ -145,7 +145,7 @@ WHERE c.relkind = 'r' AND c.relpersistence = 'p'
 /// end. The slot disappears with the connection, so a dead pgmemo never pins WAL.
 pub async fn create_slot(conn: &mut ServerConn, slot: &str) -> Result<Lsn, FeedError> {
     let rows = conn
-        .query_text_rows(&format!(
+        .simple_query_rows(&format!(
             "CREATE_REPLICATION_SLOT {} TEMPORARY LOGICAL pgoutput NOEXPORT_SNAPSHOT",
             quote_ident(slot)
         ))

@@ -363,6 +363,18 @@ impl ServerConn {
         self.run(&frontend::own_queries(&[sql]), true).await
     }
 
+    /// Runs one statement as a simple Query and returns its rows as text (NULL as `None`).
+    /// For connections that refuse the extended protocol: a walsender connection
+    /// (`replication=database`) answers a Parse with 08P01, so the invalidation feed asks its
+    /// questions this way. Like `simple_query`, it drops the server's unnamed statement.
+    pub async fn simple_query_rows(
+        &mut self,
+        sql: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, ServerError> {
+        self.session.unnamed = None;
+        self.run(&frontend::query(sql), true).await
+    }
+
     /// One round trip up to ReadyForQuery; DataRows are collected only when `keep_rows`.
     async fn run(
         &mut self,
