@@ -353,12 +353,12 @@ async fn a_pipelined_miss_does_not_wait_for_another_sessions_fill() {
     .await;
 }
 
-/// A Bind of the client's unnamed statement pipelined without a Parse in its batch is
-/// forwarded (docs/cache.md): a Parse failing in flight before it would have left no unnamed
-/// statement on the server. At a boundary the same batch is answered from the cache; behind
-/// another request the hit counter does not move, and the server's answer is the same.
+/// A Bind of the client's unnamed statement pipelined without a Parse in its batch waits for
+/// the batch in front that parsed it (docs/cache.md): a Parse failing in flight there would
+/// have left no unnamed statement. At a boundary the same batch is answered from the cache;
+/// behind the Parse it is answered once that batch is, from the statement it left.
 #[tokio::test]
-async fn a_pipelined_bind_of_the_unnamed_statement_is_forwarded() {
+async fn a_pipelined_bind_of_the_unnamed_statement_waits_for_the_parse_in_front() {
     use raw::*;
     within(DEADLINE, async {
         let (_pg, memo, _direct) = setup(2).await;
@@ -380,7 +380,8 @@ async fn a_pipelined_bind_of_the_unnamed_statement_is_forwarded() {
             hits + 1,
             "a Bind-only batch at a boundary is served"
         );
-        // Behind a miss (the same statement with a value never read) it is forwarded.
+        // Behind a miss (the same statement with a value never read) it waits for that
+        // batch, then is served from what the Parse there left.
         assert_eq!(
             c.round_trip(&[run("1"), exec("2")]).await,
             answer("one"),
@@ -389,8 +390,18 @@ async fn a_pipelined_bind_of_the_unnamed_statement_is_forwarded() {
         assert_eq!(c.round_trip(&[]).await, bound, "the pipelined Bind");
         assert_eq!(
             show_cache(&memo, "hits").await,
-            hits + 1,
-            "the pipelined Bind went to the server"
+            hits + 2,
+            "the pipelined Bind was answered from the cache after the Parse in front"
+        );
+        // Behind a Parse that fails, the Bind finds no unnamed statement, as in PostgreSQL.
+        let failing = [parse("SELECT v FROM no_such_table", &[]), sync()].concat();
+        let (tags, _) = c.round_trip(&[failing, exec("2")]).await;
+        assert_eq!(tags, vec!['E', 'Z'], "the failing Parse");
+        let (tags, _) = c.round_trip(&[]).await;
+        assert_eq!(
+            tags,
+            vec!['E', 'Z'],
+            "the Bind behind it finds no unnamed statement"
         );
     })
     .await;
