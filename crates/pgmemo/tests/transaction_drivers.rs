@@ -1989,3 +1989,50 @@ async fn a_skipped_unnamed_deallocate_all_keeps_the_clients_statements() {
     })
     .await;
 }
+
+/// A Parse of a name the client already has goes to the server as an unnamed Parse (so that
+/// its text's own errors come first): pipelined behind an unnamed Parse that the server skips,
+/// it is what the server holds afterwards, and another client's Bind of the unnamed statement
+/// fails as it would in PostgreSQL instead of binding it (differential seed 181).
+#[tokio::test]
+async fn an_unnamed_parse_skipped_before_a_duplicate_name_leaves_nothing_to_bind() {
+    use Who::{A, B};
+    let steps = vec![
+        (
+            B,
+            vec![
+                msg::parse("s2", "SELECT 1 WHERE $1::int > 0", &[]),
+                msg::bind("", "s2", &[Some("6")]),
+                msg::execute("", 1),
+                msg::sync(),
+            ],
+        ),
+        (
+            B,
+            vec![
+                // Fails (the unnamed portal ended with its transaction): the Parse is skipped.
+                msg::describe(b'P', ""),
+                msg::parse("", "SELECT 2", &[]),
+                msg::sync(),
+                // 42P05, after the server parsed the text as its unnamed statement.
+                msg::parse("s2", "SELECT 3", &[]),
+                msg::sync(),
+            ],
+        ),
+        (
+            A,
+            vec![
+                msg::parse("s1", "SELECT 4", &[]),
+                msg::bind("", "", &[]),
+                msg::sync(),
+            ],
+        ),
+        (B, exec("", &[])),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    let misses = transcript
+        .iter()
+        .filter(|l| l.contains("26000: unnamed prepared statement does not exist"))
+        .count();
+    assert_eq!(misses, 2, "{transcript:#?}");
+}

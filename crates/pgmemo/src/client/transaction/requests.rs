@@ -558,8 +558,10 @@ fn parse(
         // is ROLLBACK or COMMIT) is reported instead of 42P05. The server analyses it as the
         // unnamed statement (nobody's afterwards), then the batch fails with 42P05.
         out.extend_from_slice(&encode_parse("", sql, &msg.param_types));
+        let mut entry = Entry::swallow(Expect::Parse);
+        entry.unnamed = Some(link.unnamed_undo(false));
         link.server.unnamed = Some(OWN_UNNAMED);
-        link.queue.push_back(Entry::swallow(Expect::Parse));
+        link.queue.push_back(entry);
         emit_refusal(&duplicate(&name), link, out);
         return Ok(false);
     }
@@ -921,8 +923,12 @@ fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
         max_rows: 0,
     }
     .encode(out);
+    // Recorded on the Parse's entry too, so that undoing an earlier batch's skipped Parse or
+    // Close of the unnamed statement leaves this one in the records (`Link::undo_unnamed`).
+    let mut entry = Entry::swallow(Expect::Parse);
+    entry.unnamed = Some(link.unnamed_undo(false));
     link.server.unnamed = Some(OWN_UNNAMED);
-    link.queue.push_back(Entry::swallow(Expect::Parse));
+    link.queue.push_back(entry);
     link.queue.push_back(Entry::swallow(Expect::Bind));
     link.queue.push_back(Entry::forward(Expect::Execute));
 }
