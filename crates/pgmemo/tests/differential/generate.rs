@@ -409,6 +409,19 @@ impl Generator {
         }
     }
 
+    /// A portal name for the client's next Bind, Describe, Execute or Close. Never the
+    /// unnamed portal in an aborted block: PostgreSQL 15.20 may crash on an Execute or
+    /// Describe of it there, when it is the portal of a simple Query that failed (its
+    /// statement list lived in the memory of that Query's message, which later messages
+    /// reuse; a multi-statement Query in the block makes the crash likely).
+    fn portal(&mut self, who: Who) -> &'static str {
+        if self.clients[who.index()].status == b'E' {
+            "p1"
+        } else {
+            *self.rng.pick(&PORTALS)
+        }
+    }
+
     fn execute(&mut self, portal: &'static str) -> Op {
         let max_rows = if self.rng.chance(20) {
             1 + self.rng.below(2) as u32
@@ -449,7 +462,7 @@ impl Generator {
                 });
             }
         }
-        let portal = *self.rng.pick(&PORTALS);
+        let portal = self.portal(who);
         ops.push(self.bind(who, name_index, portal));
         if self.rng.chance(40) {
             ops.push(Op::Describe {
@@ -471,18 +484,25 @@ impl Generator {
 
     fn random_op(&mut self, who: Who) -> Op {
         let name_index = self.rng.below(STATEMENTS.len());
-        let portal = *self.rng.pick(&PORTALS);
+        let portal = self.portal(who);
         match self.rng.below(9) {
             0 | 1 => self.parse(who, name_index),
             2 | 3 => self.bind(who, name_index, portal),
-            4 => Op::Describe {
-                kind: if self.rng.chance(50) { b'S' } else { b'P' },
-                name: if self.rng.chance(50) {
+            4 => {
+                let kind = if self.rng.chance(50) { b'S' } else { b'P' };
+                let name = if self.rng.chance(50) {
                     STATEMENTS[name_index]
                 } else {
                     portal
-                },
-            },
+                };
+                // A statement name as a portal's: not the unnamed one where `portal` says no.
+                let name = if kind == b'P' && name.is_empty() {
+                    portal
+                } else {
+                    name
+                };
+                Op::Describe { kind, name }
+            }
             5 | 6 => self.execute(portal),
             7 => Op::Close {
                 kind: if self.rng.chance(50) { b'S' } else { b'P' },
