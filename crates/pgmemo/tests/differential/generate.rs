@@ -418,7 +418,7 @@ impl Generator {
         if self.clients[who.index()].status == b'E' {
             "p1"
         } else {
-            *self.rng.pick(&PORTALS)
+            PORTALS[self.rng.below(PORTALS.len())]
         }
     }
 
