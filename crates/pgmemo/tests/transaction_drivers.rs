@@ -2036,3 +2036,41 @@ async fn an_unnamed_parse_skipped_before_a_duplicate_name_leaves_nothing_to_bind
         .count();
     assert_eq!(misses, 2, "{transcript:#?}");
 }
+
+/// An unnamed statement holding a SQL-level PREPARE, bound and executed again in a later
+/// batch: PostgreSQL says 42P05 for the client's name (not pgmemo's), and the failure does
+/// not make pgmemo forget the statement the first run prepared (differential seed 1000079).
+#[tokio::test]
+async fn an_unnamed_prepare_bound_again_finds_its_name_taken() {
+    use Who::B;
+    let run_twice = |portal: &str| {
+        vec![
+            msg::bind(portal, "", &[]),
+            msg::describe(b'P', portal),
+            msg::execute(portal, 0),
+            msg::execute(portal, 0),
+            msg::sync(),
+        ]
+    };
+    let steps = vec![
+        (
+            B,
+            [
+                vec![msg::parse("", "PREPARE q2(int) AS SELECT $1 + 1", &[])],
+                run_twice("p1"),
+            ]
+            .concat(),
+        ),
+        (B, run_twice("p1")),
+        (B, vec![msg::query("EXECUTE q2(41)")]),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    assert!(
+        transcript.iter().any(|l| l.contains("42P05")),
+        "{transcript:#?}"
+    );
+    assert!(
+        transcript.iter().any(|l| l.ends_with("DataRow [42]")),
+        "{transcript:#?}"
+    );
+}

@@ -5,6 +5,7 @@
 //! and features that would leak between clients sharing a server (`LISTEN`, `WITH HOLD`
 //! cursors, session advisory locks, temporary tables, `SET ROLE`) are refused.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use sql::{SetCommand, SetValue, StatementInfo, StatementKind};
@@ -56,10 +57,14 @@ pub enum Effect {
     /// A statement was prepared for the client: undone if the statement fails, on the
     /// server too when this statement was to create it there (`created`; otherwise the
     /// server holds it already and keeps it).
+    ///
+    /// `ran` is set by the first Execute of a portal of the statement (an unnamed one, bound
+    /// again and again): a later one finds the name taken, as PostgreSQL would.
     Prepared {
         statement: Arc<PreparedStatement>,
         client_name: String,
         created: bool,
+        ran: Arc<AtomicBool>,
     },
     /// Statement names were dropped from the client's view (`DEALLOCATE`, `Close`): given
     /// back if the server skipped the statement (an error before it, an aborted block), as
@@ -306,6 +311,7 @@ impl Planner<'_> {
                                 statement: prepared,
                                 client_name: name.clone(),
                                 created: false,
+                                ran: Arc::default(),
                             },
                             tag: Some("PREPARE"),
                             uses: None,
@@ -326,6 +332,7 @@ impl Planner<'_> {
                             statement: prepared,
                             client_name: name.clone(),
                             created: true,
+                            ran: Arc::default(),
                         },
                         tag: None,
                         uses: None,

@@ -332,6 +332,7 @@ impl Link<'_> {
                 statement,
                 client_name,
                 created,
+                ..
             } = &outcome.effect
             {
                 self.revert(Revert {

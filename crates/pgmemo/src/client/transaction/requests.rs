@@ -5,6 +5,7 @@
 //! session commands are tracked or refused. Every message that gets an answer adds a queue
 //! entry, in order, before any byte is written.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -113,6 +114,25 @@ pub fn translate(
                     None => None,
                 };
                 if let Some(outcome) = outcome {
+                    if let Effect::Prepared {
+                        statement,
+                        client_name,
+                        ran,
+                        ..
+                    } = &outcome.effect
+                    {
+                        // Not the first run of this PREPARE (its unnamed statement bound
+                        // again): the name is taken unless something deallocated it since.
+                        if ran.swap(true, Ordering::Relaxed) {
+                            if link.client.statements.contains_key(client_name) {
+                                emit_refusal(&duplicate(client_name), link, out);
+                                return Ok(false);
+                            }
+                            link.client
+                                .statements
+                                .insert(client_name.clone(), Arc::clone(statement));
+                        }
+                    }
                     entry.raised = matches!(outcome.effect, Effect::Raises);
                     entry.outcomes.push(Outcome::clone(&outcome));
                 }
