@@ -2074,3 +2074,93 @@ async fn an_unnamed_prepare_bound_again_finds_its_name_taken() {
         "{transcript:#?}"
     );
 }
+
+/// An unnamed Parse that fails leaves the client no unnamed statement, also when the next
+/// batch was pipelined behind it and may run on another server: its Bind of the unnamed
+/// statement fails with 26000, and pgmemo does not parse the failed text again there
+/// (differential seed 1000156).
+#[tokio::test]
+async fn a_failed_unnamed_parse_is_not_given_to_the_next_server() {
+    use Who::B;
+    let steps = vec![(
+        B,
+        vec![
+            msg::parse("", "SELECT $1::int; SELECT 2", &[]),
+            msg::bind("", "", &[Some("6")]),
+            msg::execute("", 0),
+            msg::sync(),
+            msg::parse("s2", "SELECT 3", &[]),
+            msg::bind("p1", "", &[Some("6")]),
+            msg::bind("", "s2", &[]),
+            msg::execute("p1", 0),
+            msg::flush(),
+            msg::sync(),
+        ],
+    )];
+    for servers in [1, 2] {
+        let transcript = same_as_postgres_over(servers, &steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.contains("26000: unnamed prepared statement does not exist")),
+            "{transcript:#?}"
+        );
+    }
+}
+
+/// Statements that set the transaction's characteristics must come before its first query:
+/// pgmemo's catalog lookup for the rest of a Query must not be that first query inside a
+/// block, in either pool mode (differential seed 1000200: 25001 "SET TRANSACTION ISOLATION
+/// LEVEL must be called before any query" where PostgreSQL runs the Query).
+#[tokio::test]
+async fn a_transaction_mode_set_in_a_block_is_not_preceded_by_pgmemos_lookups() {
+    use pgmemo::config::PoolMode;
+    use Who::A;
+    let t = create_table("txmode", "(k int PRIMARY KEY)").await;
+    let q = |sql: String| vec![msg::query(&sql)];
+    let steps = vec![
+        (A, q("BEGIN".into())),
+        (
+            A,
+            q(format!(
+                "BEGIN ISOLATION LEVEL SERIALIZABLE; SELECT k FROM {t} WHERE k > 4"
+            )),
+        ),
+        (A, q("SHOW transaction_isolation".into())),
+        (A, q("COMMIT".into())),
+        (A, q("BEGIN".into())),
+        (
+            A,
+            q(format!(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {t}"
+            )),
+        ),
+        (A, q("SHOW transaction_isolation".into())),
+        (A, q("COMMIT".into())),
+        // A setting changed first: pgmemo reads nothing from the server in between.
+        (A, q("BEGIN".into())),
+        (A, q("SET TimeZone = 'UTC'".into())),
+        (A, q("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE".into())),
+        (A, q(format!("SELECT count(*) FROM {t}"))),
+        (A, q("COMMIT".into())),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    assert!(
+        direct.iter().any(|l| l.ends_with("DataRow [serializable]"))
+            && direct
+                .iter()
+                .any(|l| l.ends_with("DataRow [repeatable read]")),
+        "{direct:#?}"
+    );
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| c.pool_mode = mode).await;
+        let proxied = run_script(pgmemo.port(), &steps).await;
+        assert!(
+            direct == proxied,
+            "answers differ ({mode:?}):\n{}",
+            side_by_side(&direct, &proxied)
+        );
+        pgmemo.shutdown().await;
+    }
+    drop_table(&t).await;
+}

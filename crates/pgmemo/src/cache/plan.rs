@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sql::{IsolationLevel, StatementInfo, StatementKind, TransactionCommand};
+use sql::{
+    IsolationLevel, SetCommand, StatementInfo, StatementKind, TransactionCommand, TransactionModes,
+};
 
 use super::catalog::{Facts, HiddenCode, Reach};
 use super::stats::QueryStats;
@@ -264,7 +266,15 @@ pub fn names_to_look_up(statements: &[StatementInfo]) -> LookupNames {
 }
 
 /// Whether the statements need a catalog lookup at all (a SET, BEGIN or SHOW does not).
+///
+/// Never for a text that sets the transaction's characteristics (`BEGIN ISOLATION LEVEL ...`,
+/// `SET TRANSACTION ...`, `SET TRANSACTION SNAPSHOT`): inside a block where nothing has run
+/// yet, pgmemo's lookup would be the block's first query, after which PostgreSQL refuses them
+/// (25001 "must be called before any query"); such a text is planned conservatively.
 pub fn needs_catalog(statements: &[StatementInfo]) -> bool {
+    if statements.iter().any(sets_transaction_characteristics) {
+        return false;
+    }
     statements.iter().any(|s| {
         !s.functions.is_empty()
             || ((!s.operators.is_empty() || !s.casts.is_empty() || !s.attributes.is_empty())
@@ -273,6 +283,19 @@ pub fn needs_catalog(statements: &[StatementInfo]) -> bool {
             || (!s.writes.is_empty()
                 && (is_dml(&s.kind) || matches!(s.kind, StatementKind::Copy { from: false, .. })))
     })
+}
+
+/// See [`needs_catalog`]: a plain `BEGIN` (no modes) sets nothing.
+fn sets_transaction_characteristics(s: &StatementInfo) -> bool {
+    match &s.kind {
+        StatementKind::Transaction(TransactionCommand::Begin(modes)) => {
+            *modes != TransactionModes::default()
+        }
+        StatementKind::Set(SetCommand::Transaction(_) | SetCommand::TransactionSnapshot { .. }) => {
+            true
+        }
+        _ => false,
+    }
 }
 
 fn is_query(s: &StatementInfo) -> bool {
