@@ -210,7 +210,7 @@ pub fn translate(
 /// pipeline.
 #[inline]
 pub fn must_wait(buf: &[u8], link: &Link<'_>) -> bool {
-    if link.queue.is_empty() {
+    if link.queue.is_empty() && !link.plain_parse {
         return false;
     }
     match buf.first() {
@@ -301,13 +301,16 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
 /// server another unnamed statement than pgmemo assumed, which the Bind would run. A Parse
 /// of it earlier in the message's own batch decides it alone (drivers in pipeline mode send
 /// Parse, Bind and Execute of the unnamed statement in every batch, and keep their pipeline).
+/// A batch on the plain path whose unnamed Parse is unanswered (`Link::plain_parse`) counts
+/// as such an earlier batch: it has no queue entries to look at.
 fn unnamed_undecided(link: &Link<'_>, earlier: usize) -> bool {
     let parsed_here = link
         .queue
         .iter()
         .skip(earlier)
         .any(|e| e.unnamed.as_ref().is_some_and(|u| u.client.is_some()));
-    !parsed_here && link.queue.iter().take(earlier).any(|e| e.unnamed.is_some())
+    !parsed_here
+        && (link.plain_parse || link.queue.iter().take(earlier).any(|e| e.unnamed.is_some()))
 }
 
 fn text(bytes: &[u8]) -> Result<&str, WireError> {

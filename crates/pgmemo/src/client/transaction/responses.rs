@@ -10,7 +10,7 @@ use wire::backend::{self, TransactionStatus};
 use wire::{FrameHeader, WireError};
 
 use super::commands::{Effect, Outcome};
-use super::link::{ClientState, Entry, Expect, Link};
+use super::link::{ClientState, Entry, Expect, Link, UnnamedUndo};
 use super::plain::Plain;
 use crate::client::relay::MAX_SERVER_FRAME;
 use crate::pool::settings::{commit, set_raw_sql, SettingChange, TrackedChange};
@@ -313,9 +313,15 @@ fn on_plain_message(
             link.txn.failed = true;
             if std::mem::take(&mut link.plain_parse) {
                 // The batch's Parse of the unnamed statement failed: PostgreSQL then has
-                // none (the one before was dropped when the Parse began).
-                link.client.unnamed = None;
-                link.server.unnamed = None;
+                // none (the one before was dropped when the Parse began). A batch pipelined
+                // behind may have changed the records since: they keep what it did.
+                link.undo_unnamed(
+                    UnnamedUndo {
+                        client: Some(None),
+                        server: None,
+                    },
+                    true,
+                );
             }
             false
         }
