@@ -2167,3 +2167,37 @@ async fn a_transaction_mode_set_in_a_block_is_not_preceded_by_pgmemos_lookups() 
     }
     drop_table(&t).await;
 }
+
+/// A setting changed by `set_config` (which pgmemo cannot follow from the text) is read back
+/// from the server before the client's next statement runs elsewhere or is answered from the
+/// cache: with two servers, the next read shows the value set_config gave (differential seed
+/// 1000239).
+#[tokio::test]
+async fn a_setting_changed_by_set_config_follows_the_client() {
+    use Who::B;
+    let q = |sql: &str| vec![msg::query(sql)];
+    let steps = vec![
+        (B, q("SET extra_float_digits = 0")),
+        (B, q("SELECT 0.1::float8 + 0.2 AS f")),
+        (
+            B,
+            q("SELECT set_config('extra_float_digits', '1', false) AS c"),
+        ),
+        (B, q("SELECT 0.1::float8 + 0.2 AS f")),
+        (B, q("SELECT 0.1::float8 + 0.2 AS f")),
+        // A reported setting, in a Query with a RESET of it (seed 1000319).
+        (
+            B,
+            q("RESET TimeZone; SELECT set_config('TimeZone', 'Europe/Paris', false) AS c"),
+        ),
+        (B, q("SHOW TimeZone; SET TimeZone = 'Asia/Tokyo'")),
+        (B, q("SHOW TimeZone")),
+    ];
+    let transcript = same_as_postgres_over(2, &steps).await;
+    assert!(
+        transcript
+            .iter()
+            .any(|l| l.ends_with("DataRow [0.30000000000000004]")),
+        "{transcript:#?}"
+    );
+}

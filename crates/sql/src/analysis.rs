@@ -85,6 +85,11 @@ pub struct StatementInfo {
     /// `CREATE TABLE` also makes a temporary table when `search_path` puts `pg_temp` first, which
     /// only the session's settings tell.
     pub session_temp_table: bool,
+    /// The settings its `set_config(name, ...)` calls name, lower-cased, when every such call
+    /// names its setting with a string literal; `None` when one names it with an expression.
+    /// Empty when it calls no `set_config`. A pooler that cannot see what such a call set can
+    /// read these settings back from the server afterwards.
+    pub set_config_names: Option<Vec<String>>,
     /// The statement changes roles (`GRANT`/`REVOKE` of a role, `ALTER ROLE`, `DROP ROLE`,
     /// `ALTER USER`, `DROP OWNED`, `REASSIGN OWNED`): roles belong to the whole cluster, so
     /// what any role may read in any database may have changed.

@@ -8,7 +8,7 @@ use pg_query::NodeRef;
 use crate::analysis::{FunctionName, OperatorName, RelationName, SqlValueFunction, TypeName};
 use crate::children::for_each_child;
 use crate::temp;
-use crate::text::name_parts;
+use crate::text::{const_str, name_parts};
 
 /// What a relation met during the walk means at that point of the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,10 @@ pub(crate) struct Collector {
     pub select_into: bool,
     pub tablesample: bool,
     pub session_temp_table: bool,
+    /// See [`StatementInfo::set_config_names`](crate::StatementInfo::set_config_names): the
+    /// literal names met, and whether a call named its setting otherwise.
+    pub set_config_names: Vec<String>,
+    pub set_config_unknown: bool,
     /// Names of the CTEs in scope at the current point of the walk, innermost last.
     ctes: Vec<String>,
 }
@@ -47,6 +51,7 @@ impl Collector {
             NodeRef::RangeVar(rv) => self.relation(rv, role),
             NodeRef::FuncCall(call) => {
                 self.function(&call.funcname);
+                self.set_config(call);
                 self.children(node, Role::Read);
             }
             NodeRef::AExpr(e) => {
@@ -314,6 +319,25 @@ impl Collector {
     fn attribute(&mut self, field: Option<&Node>) {
         if let Some(NodeEnum::String(name)) = field.and_then(|f| f.node.as_ref()) {
             push_unique(&mut self.attributes, name.sval.clone());
+        }
+    }
+
+    /// Notes the setting a `set_config` call names (its first argument, a string literal,
+    /// possibly cast), or that one names it otherwise.
+    fn set_config(&mut self, call: &protobuf::FuncCall) {
+        let Some(name) = FunctionName::from_parts(&name_parts(&call.funcname)) else {
+            return;
+        };
+        if name.name != "set_config" || name.schema.as_deref().is_some_and(|s| s != "pg_catalog") {
+            return;
+        }
+        let literal = call.args.first().and_then(|arg| match &arg.node {
+            Some(NodeEnum::TypeCast(cast)) => cast.arg.as_deref().and_then(const_str),
+            _ => const_str(arg),
+        });
+        match literal {
+            Some(setting) => push_unique(&mut self.set_config_names, setting.to_ascii_lowercase()),
+            None => self.set_config_unknown = true,
         }
     }
 

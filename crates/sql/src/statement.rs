@@ -44,8 +44,11 @@ pub(crate) fn analyze_statement(
         select_into,
         tablesample,
         session_temp_table,
+        set_config_names,
+        set_config_unknown,
         ..
     } = collector;
+    let set_config_names = (!set_config_unknown).then_some(set_config_names);
     // PREPARE walks nothing of its own; EXPLAIN walks its statement already. Either way the
     // wrapper reports what its statement would create, so that one look at the outer
     // statement is enough.
@@ -73,6 +76,7 @@ pub(crate) fn analyze_statement(
         select_into,
         tablesample,
         session_temp_table,
+        set_config_names,
         changes_roles: matches!(
             node,
             NodeRef::GrantRoleStmt(_)

@@ -809,3 +809,31 @@ fn check_names(rows: &[(&str, &[&str])], report: impl Fn(&sql::StatementInfo) ->
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// The settings `set_config` calls name: lower-cased literals, at any depth; a name that is
+/// not a literal makes the list unknown (`None`).
+#[test]
+fn set_config_names() {
+    let names = |sql: &str| {
+        sql::analyze(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .statements[0]
+            .set_config_names
+            .clone()
+    };
+    let some = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert_eq!(names("SELECT 1"), some(&[]));
+    assert_eq!(
+        names("SELECT set_config('TimeZone', 'UTC', false)"),
+        some(&["timezone"])
+    );
+    assert_eq!(
+        names(
+            "SELECT pg_catalog.set_config('work_mem'::text, '1MB', false), \
+             (SELECT set_config('extra_float_digits', '1', true)) FROM t"
+        ),
+        some(&["work_mem", "extra_float_digits"])
+    );
+    assert_eq!(names("SELECT set_config(name, 'x', false) FROM t"), None);
+    assert_eq!(names("SELECT my.set_config('a', 'b', false)"), some(&[]));
+}

@@ -48,8 +48,13 @@ pub enum Effect {
     /// Several, in order (`RESET ALL` of a client with startup settings: everything back to
     /// the server's defaults, then the client's startup values set again).
     Settings(Vec<TrackedChange>),
-    /// Settings changed in a way pgmemo cannot replay (`set_config`).
-    SettingsUnknown,
+    /// Settings changed in a way pgmemo cannot replay (`set_config`, `DO`, `CALL`). `verify`:
+    /// the settings the text's `set_config` calls name, read back from the server once the
+    /// client's transaction is over (`ClientState::verify`), so that their values follow the
+    /// client as PostgreSQL's session keeps them.
+    SettingsUnknown {
+        verify: Vec<String>,
+    },
     /// A setting changed for the transaction only (`SET LOCAL`, `SET LOCAL ROLE`): nothing to
     /// replay, but the server reports the change (and its undoing) for that setting, or for
     /// several when `None` (a role changes `is_superuser` and `session_authorization`).
@@ -394,7 +399,7 @@ impl Planner<'_> {
             // pgmemo cannot follow: the server is reset before its next use.
             StatementKind::Do | StatementKind::Call => Ok((
                 Outcome {
-                    effect: Effect::SettingsUnknown,
+                    effect: Effect::SettingsUnknown { verify: Vec::new() },
                     tag: None,
                     uses: None,
                 },
@@ -402,7 +407,9 @@ impl Planner<'_> {
             )),
             _ if calls_set_config(stmt) => Ok((
                 Outcome {
-                    effect: Effect::SettingsUnknown,
+                    effect: Effect::SettingsUnknown {
+                        verify: stmt.set_config_names.clone().unwrap_or_default(),
+                    },
                     tag: None,
                     uses: None,
                 },
@@ -452,14 +459,23 @@ impl Planner<'_> {
 /// but such calls change settings only when it runs).
 fn executed(statement: &Arc<PreparedStatement>) -> Outcome {
     let text = &*statement.key.text;
-    let sets = sql::may_affect_session(text)
-        && sql::analyze(text).map_or(true, |a| a.statements.iter().any(calls_set_config));
+    let effect = if !sql::may_affect_session(text) {
+        Effect::None
+    } else {
+        match sql::analyze(text) {
+            Ok(a) if !a.statements.iter().any(calls_set_config) => Effect::None,
+            Ok(a) => Effect::SettingsUnknown {
+                verify: a
+                    .statements
+                    .iter()
+                    .flat_map(|s| s.set_config_names.clone().unwrap_or_default())
+                    .collect(),
+            },
+            Err(_) => Effect::SettingsUnknown { verify: Vec::new() },
+        }
+    };
     Outcome {
-        effect: if sets {
-            Effect::SettingsUnknown
-        } else {
-            Effect::None
-        },
+        effect,
         tag: None,
         uses: Some(Arc::clone(statement)),
     }

@@ -312,7 +312,7 @@ impl Link<'_> {
     /// leaves the server's settings unknown whether or not it completed.
     pub fn revert_outcomes(&mut self, outcomes: &[Outcome]) {
         for outcome in outcomes.iter().rev() {
-            if matches!(outcome.effect, Effect::SettingsUnknown) {
+            if matches!(outcome.effect, Effect::SettingsUnknown { .. }) {
                 self.server.settings.unknown = true;
                 continue;
             }

@@ -344,8 +344,9 @@ pub async fn run(
 }
 
 /// Reads back from the server the settings a ROLLBACK TO SAVEPOINT may have undone before
-/// the transaction committed, and makes their values the client's own. The server's settings
-/// are unknown since that ROLLBACK, so it is brought in line before its next use anyway.
+/// the transaction committed, or that a `set_config` call named, and makes their values the
+/// client's own. The server's settings are unknown since, so it is brought in line before
+/// its next use anyway.
 async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
     let names = std::mem::take(&mut state.verify);
     let columns: Vec<String> = names
@@ -357,10 +358,7 @@ async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
         // Brought in line with the client's records since the ROLLBACK TO SAVEPOINT (a
         // request pipelined behind the COMMIT), or another server after a discard: it shows
         // those records, not what the transaction committed. The records stay as they are.
-        tracing::debug!(
-            ?names,
-            "settings to read back after ROLLBACK TO SAVEPOINT were synced over"
-        );
+        tracing::debug!(?names, "settings to read back were synced over");
         return;
     }
     match server.query_text_rows(&sql).await {
@@ -377,7 +375,7 @@ async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
             }
         }
         Err(e) => {
-            tracing::warn!(error = %e, ?names, "cannot read settings back after ROLLBACK TO SAVEPOINT")
+            tracing::warn!(error = %e, ?names, "cannot read settings back")
         }
     }
 }

@@ -107,7 +107,7 @@ pub fn translate(
                 // A utility statement's portal runs once (a second Execute fails with 55000
                 // and must not undo what the first did): only a query's portal, which may
                 // be executed row batch by row batch, keeps its outcome for the next one.
-                let runs_again = |o: &Outcome| matches!(o.effect, Effect::SettingsUnknown);
+                let runs_again = |o: &Outcome| matches!(o.effect, Effect::SettingsUnknown { .. });
                 let outcome = match link.portals.get(portal) {
                     Some(o) if runs_again(o) => Some(Arc::clone(o)),
                     Some(_) => link.portals.remove(portal),

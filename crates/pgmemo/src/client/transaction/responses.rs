@@ -503,7 +503,14 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
             link.txn.explained.add(None);
             link.txn.pending.extend(changes);
         }
-        Effect::SettingsUnknown => link.server.settings.unknown = true,
+        Effect::SettingsUnknown { verify } => {
+            link.server.settings.unknown = true;
+            for name in verify {
+                if !link.client.verify.contains(&name) {
+                    link.client.verify.push(name);
+                }
+            }
+        }
         Effect::LocalSetting(name) => link.txn.explained.add(name.as_deref()),
         Effect::Prepared { .. } | Effect::Deallocated(_) | Effect::None | Effect::Raises => {}
     }
