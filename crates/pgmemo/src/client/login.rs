@@ -140,7 +140,6 @@ pub async fn login(
         config.pool_size_for(&route.client_database, &route.key.user),
         generation,
     );
-    let settings = pool_settings(&config);
     let wait = config.query_wait_timeout.0;
     let mut probe = None;
     if config.auth_type == AuthType::Upstream {
@@ -206,13 +205,8 @@ pub async fn login(
         lease.reserve_new();
         return Ok((route, lease, conn));
     }
-    let mut lease = acquire(client, &pool, wait, shared).await?;
-    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
-        return Ok((route, lease, conn));
-    }
-    lease.reserve_new();
-    let conn = open_authenticated(shared, &route).await?;
-    Ok((route, lease, conn))
+    let (lease, conn) = serve_from_pool(client, shared, &pool, &route, wait).await?;
+    Ok((route, lease, conn?))
 }
 
 /// Authenticates the client as [`login`] does but takes no place in any pool: the admin
@@ -333,20 +327,32 @@ async fn trusted_login(
     route: &Route,
     wait: std::time::Duration,
 ) -> Result<Option<(Lease, Box<ServerConn>)>, ClientError> {
-    let mut lease = acquire(client, pool, wait, shared).await?;
-    let settings = pool_settings(&shared.config());
-    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
-        return Ok(Some((lease, conn)));
-    }
-    lease.reserve_new();
     let unauthenticated = Route {
         credential: ServerCredential::None,
         ..route.clone()
     };
-    Ok(open_authenticated(shared, &unauthenticated)
-        .await
-        .ok()
-        .map(|conn| (lease, conn)))
+    let (lease, conn) = serve_from_pool(client, shared, pool, &unauthenticated, wait).await?;
+    Ok(conn.ok().map(|conn| (lease, conn)))
+}
+
+/// Takes a place in `pool` (waiting up to `wait`) and serves `route` from it: an idle
+/// connection, or a new one opened with `route.credential` on that place. The place comes
+/// back with the outcome of opening, which the caller may fall back from.
+async fn serve_from_pool(
+    client: &mut ClientConn,
+    shared: &Arc<Shared>,
+    pool: &Arc<Pool>,
+    route: &Route,
+    wait: std::time::Duration,
+) -> Result<(Lease, Result<Box<ServerConn>, ClientError>), ClientError> {
+    let mut lease = acquire(client, pool, wait, shared).await?;
+    let settings = pool_settings(&shared.config());
+    if let Some(conn) = lease.take_idle(route.fingerprint, &settings, None).await {
+        return Ok((lease, Ok(conn)));
+    }
+    lease.reserve_new();
+    let opened = open_authenticated(shared, route).await;
+    Ok((lease, opened))
 }
 
 /// How much a queued client may send ahead (its first queries, pipelined behind the startup)
