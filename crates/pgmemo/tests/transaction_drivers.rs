@@ -2201,3 +2201,44 @@ async fn a_setting_changed_by_set_config_follows_the_client() {
         "{transcript:#?}"
     );
 }
+
+/// A SQL-level PREPARE is analysed under the client's search_path, also when another client
+/// prepared the same text on the server under another one (differential seeds 1000271,
+/// 1000494): set by a protocol-level statement, or earlier in the same Query.
+#[tokio::test]
+async fn a_sql_prepare_is_analysed_under_its_clients_search_path() {
+    use Who::{A, B};
+    let t = create_table("sqlprep", "(v int)").await;
+    let prepare = format!("PREPARE q1 AS SELECT v FROM {t}");
+    let steps = vec![
+        (A, vec![msg::query(&prepare)]),
+        (
+            B,
+            vec![
+                msg::parse("s2", "SET search_path = pg_catalog", &[]),
+                msg::bind("p1", "s2", &[]),
+                msg::execute("p1", 2),
+                msg::sync(),
+            ],
+        ),
+        (B, vec![msg::query(&prepare)]),
+        (B, vec![msg::query("RESET search_path")]),
+        (
+            B,
+            vec![msg::query(&format!(
+                "SET search_path = pg_catalog; {prepare}"
+            ))],
+        ),
+        (B, vec![msg::query("RESET search_path")]),
+        // Earlier in the same transaction block, not committed yet.
+        (B, vec![msg::query("BEGIN")]),
+        (B, vec![msg::query("SET LOCAL search_path = pg_catalog")]),
+        (B, vec![msg::query(&prepare)]),
+        (B, vec![msg::query("ROLLBACK")]),
+        (B, vec![msg::query("EXECUTE q1")]),
+    ];
+    let transcript = same_as_postgres_over(2, &steps).await;
+    let missing = transcript.iter().filter(|l| l.contains("42P01")).count();
+    assert_eq!(missing, 3, "{transcript:#?}");
+    drop_table(&t).await;
+}

@@ -98,6 +98,26 @@ impl StatementRegistry {
         statement
     }
 
+    /// A statement of its own for one client, never handed out for `key` again: for a text
+    /// prepared under settings the client's records do not show yet (a `SET` earlier in its
+    /// transaction or Query), which the server's analysis of another client's statement
+    /// would not have seen.
+    pub fn register_unshared(
+        &self,
+        key: StatementKey,
+        create: impl FnOnce(&str) -> StatementSource,
+    ) -> Arc<PreparedStatement> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let name = format!("pgmemo_{id}");
+        Arc::new(PreparedStatement {
+            id,
+            create: create(&name),
+            name,
+            key,
+            validated: Default::default(),
+        })
+    }
+
     /// The statement for `key` if one is registered.
     pub fn get(&self, key: &StatementKey) -> Option<Arc<PreparedStatement>> {
         let map = self.statements.lock().unwrap_or_else(|e| e.into_inner());

@@ -150,6 +150,11 @@ pub struct Planner<'a> {
     pub in_block: bool,
     /// The client's settings: its startup values are what `RESET` returns to.
     pub startup: &'a ClientSettings,
+    /// The settings the server analyses statements under may differ from `startup`'s
+    /// records: the client's open transaction changed some (committed only at its end), or
+    /// an earlier statement of the text being planned did. A `PREPARE` then gets a statement
+    /// of its own (`StatementRegistry::register_unshared`).
+    pub settings_changed: bool,
 }
 
 impl Planner<'_> {
@@ -230,6 +235,14 @@ impl Planner<'_> {
             if let Some(r) = replacement {
                 pieces.push((stmt.source.clone(), r));
             }
+            self.settings_changed |= matches!(
+                outcome.effect,
+                Effect::Setting(_)
+                    | Effect::Settings(_)
+                    | Effect::SettingsUnknown { .. }
+                    | Effect::LocalSetting(_)
+                    | Effect::Discarded { .. }
+            );
             outcomes.push(outcome);
         }
         let untracked = outcomes
@@ -302,12 +315,17 @@ impl Planner<'_> {
                 } else {
                     format!(" ({})", param_types.join(", "))
                 };
-                let prepared = self.registry.get_or_register(key, |server_name| {
+                let create = |server_name: &str| {
                     StatementSource::Sql(format!(
                         "PREPARE {server_name}{types} AS {}",
                         statement.text
                     ))
-                });
+                };
+                let prepared = if self.settings_changed {
+                    self.registry.register_unshared(key, create)
+                } else {
+                    self.registry.get_or_register(key, create)
+                };
                 self.client.insert(name.clone(), prepared.clone());
                 if self.server.touch(&prepared) {
                     return Ok((

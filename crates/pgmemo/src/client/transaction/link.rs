@@ -221,6 +221,11 @@ pub struct Explained {
 }
 
 impl Explained {
+    /// Whether the transaction's statements changed any setting.
+    pub fn any(&self) -> bool {
+        self.all || !self.names.is_empty()
+    }
+
     /// Counts a change to `name` (every setting: `None`).
     pub fn add(&mut self, name: Option<&str>) {
         match name {

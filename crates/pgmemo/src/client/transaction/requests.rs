@@ -358,6 +358,7 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
         startup: &link.client.settings,
+        settings_changed: link.txn.explained.any() || !link.txn.pending.is_empty(),
     }
 }
 
