@@ -224,6 +224,10 @@ struct ClientModel {
     status: u8,
     /// The parameter kind of the text each statement name was last parsed with.
     statements: [Option<Param>; 3],
+    /// The unnamed statement may hold a SQL-level PREPARE, EXECUTE or DEALLOCATE: it is not
+    /// bound again (a second run of such a statement through transaction pooling is a
+    /// documented difference, docs/transaction-pooling.md).
+    session_unnamed: bool,
 }
 
 const STATEMENTS: [&str; 3] = ["", "s1", "s2"];
@@ -376,9 +380,16 @@ impl Generator {
             .collect()
     }
 
-    fn parse(&mut self, who: Who, name_index: usize) -> Op {
+    /// A Parse of statement `name_index`. With `session`, an unnamed one may hold a SQL-level
+    /// PREPARE, EXECUTE or DEALLOCATE; only [`Self::typical`] asks for that, as it binds and
+    /// executes the statement right after: transaction pooling gives or drops such a
+    /// statement's names when it is parsed, and one parsed but never executed is a documented
+    /// difference (docs/transaction-pooling.md). Returns whether it holds one.
+    fn parse(&mut self, who: Who, name_index: usize, session: bool) -> (Op, bool) {
         let mut template = self.template();
-        while template.place == Use::Simple || (name_index != 0 && template.place == Use::Unnamed) {
+        while template.place == Use::Simple
+            || (template.place == Use::Unnamed && (name_index != 0 || !session))
+        {
             template = self.template();
         }
         let sql = if self.rng.chance(3) {
@@ -393,11 +404,15 @@ impl Generator {
             _ => vec![],
         };
         self.clients[who.index()].statements[name_index] = Some(template.param);
-        Op::Parse {
+        if name_index == 0 {
+            self.clients[who.index()].session_unnamed = template.place == Use::Unnamed;
+        }
+        let op = Op::Parse {
             name: STATEMENTS[name_index],
             sql,
             types,
-        }
+        };
+        (op, template.place == Use::Unnamed)
     }
 
     fn bind(&mut self, who: Who, name_index: usize, portal: &'static str) -> Op {
@@ -406,6 +421,15 @@ impl Generator {
             portal,
             statement: STATEMENTS[name_index],
             params: self.params(param),
+        }
+    }
+
+    /// A Bind that succeeds: no parameters, for a statement that takes none.
+    fn exact_bind(portal: &'static str, name_index: usize) -> Op {
+        Op::Bind {
+            portal,
+            statement: STATEMENTS[name_index],
+            params: Vec::new(),
         }
     }
 
@@ -452,9 +476,14 @@ impl Generator {
     /// What drivers send: Parse (unless the statement is known), Bind, Describe, Execute.
     fn typical(&mut self, who: Who, ops: &mut Vec<Op>) {
         let name_index = self.rng.below(STATEMENTS.len());
-        let known = self.clients[who.index()].statements[name_index].is_some();
-        if !known || self.rng.chance(60) {
-            ops.push(self.parse(who, name_index));
+        let model = &self.clients[who.index()];
+        let known = model.statements[name_index].is_some();
+        let rebind_session = name_index == 0 && model.session_unnamed;
+        let mut session = false;
+        if !known || rebind_session || self.rng.chance(60) {
+            let (parse, holds_session) = self.parse(who, name_index, true);
+            ops.push(parse);
+            session = holds_session;
             if self.rng.chance(20) {
                 ops.push(Op::Describe {
                     kind: b'S',
@@ -463,7 +492,11 @@ impl Generator {
             }
         }
         let portal = self.portal(who);
-        ops.push(self.bind(who, name_index, portal));
+        if session {
+            ops.push(Self::exact_bind(portal, name_index));
+        } else {
+            ops.push(self.bind(who, name_index, portal));
+        }
         if self.rng.chance(40) {
             ops.push(Op::Describe {
                 kind: b'P',
@@ -483,10 +516,13 @@ impl Generator {
     }
 
     fn random_op(&mut self, who: Who) -> Op {
-        let name_index = self.rng.below(STATEMENTS.len());
+        let mut name_index = self.rng.below(STATEMENTS.len());
+        if name_index == 0 && self.clients[who.index()].session_unnamed {
+            name_index = 1;
+        }
         let portal = self.portal(who);
         match self.rng.below(9) {
-            0 | 1 => self.parse(who, name_index),
+            0 | 1 => self.parse(who, name_index, false).0,
             2 | 3 => self.bind(who, name_index, portal),
             4 => {
                 let kind = if self.rng.chance(50) { b'S' } else { b'P' };
