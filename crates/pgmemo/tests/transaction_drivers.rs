@@ -38,15 +38,25 @@ async fn same_as_postgres_over(servers: usize, steps: &[(Who, Vec<Vec<u8>>)]) ->
     let direct = run_script(LocalPostgres::PORT, steps).await;
     for cache in [Switch::On, Switch::Off] {
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, servers, |c| c.cache = cache).await;
-        let proxied = run_script(pgmemo.port(), steps).await;
-        assert!(
-            direct == proxied,
-            "answers differ (cache {cache:?}):\n{}",
-            side_by_side(&direct, &proxied)
-        );
-        pgmemo.shutdown().await;
+        assert_same_through(pgmemo, &direct, steps, format!("cache {cache:?}")).await;
     }
     direct
+}
+
+/// Runs `steps` through `pgmemo` (shut down afterwards) and asserts the `direct` answers.
+async fn assert_same_through(
+    pgmemo: testkit::PgmemoInstance,
+    direct: &[String],
+    steps: &[(Who, Vec<Vec<u8>>)],
+    what: String,
+) {
+    let proxied = run_script(pgmemo.port(), steps).await;
+    assert!(
+        direct == proxied,
+        "answers differ ({what}):\n{}",
+        side_by_side(direct, &proxied)
+    );
+    pgmemo.shutdown().await;
 }
 
 fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
@@ -2157,13 +2167,7 @@ async fn a_transaction_mode_set_in_a_block_is_not_preceded_by_pgmemos_lookups() 
     );
     for mode in [PoolMode::Session, PoolMode::Transaction] {
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| c.pool_mode = mode).await;
-        let proxied = run_script(pgmemo.port(), &steps).await;
-        assert!(
-            direct == proxied,
-            "answers differ ({mode:?}):\n{}",
-            side_by_side(&direct, &proxied)
-        );
-        pgmemo.shutdown().await;
+        assert_same_through(pgmemo, &direct, &steps, format!("{mode:?}")).await;
     }
     drop_table(&t).await;
 }

@@ -80,15 +80,7 @@ impl StatementRegistry {
         if let Some(live) = map.get(&key).and_then(Weak::upgrade) {
             return live;
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let name = format!("pgmemo_{id}");
-        let statement = Arc::new(PreparedStatement {
-            id,
-            create: create(&name),
-            name,
-            key: key.clone(),
-            validated: Default::default(),
-        });
+        let statement = self.new_statement(key.clone(), create);
         map.insert(key, Arc::downgrade(&statement));
         let swept = self.swept_at.load(Ordering::Relaxed).max(1024);
         if map.len() as u64 > 2 * swept {
@@ -103,6 +95,15 @@ impl StatementRegistry {
     /// transaction or Query), which the server's analysis of another client's statement
     /// would not have seen.
     pub fn register_unshared(
+        &self,
+        key: StatementKey,
+        create: impl FnOnce(&str) -> StatementSource,
+    ) -> Arc<PreparedStatement> {
+        self.new_statement(key, create)
+    }
+
+    /// A statement with the next id and its name, `pgmemo_<id>`.
+    fn new_statement(
         &self,
         key: StatementKey,
         create: impl FnOnce(&str) -> StatementSource,

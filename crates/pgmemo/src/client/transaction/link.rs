@@ -49,14 +49,21 @@ pub struct ClientState {
     pub parses: u64,
     pub settings: ClientSettings,
     /// Settings whose committed value pgmemo cannot tell (a ROLLBACK TO SAVEPOINT undid some
-    /// of the transaction's SETs, but which): read back from the server after the
-    /// transaction, before it goes back to the pool.
+    /// of the transaction's SETs, but which; a `set_config` call set them): read back from
+    /// the server after the transaction, before it goes back to the pool.
     pub verify: Vec<String>,
     /// From the last ReadyForQuery the client received.
     pub status: TransactionStatus,
 }
 
 impl ClientState {
+    /// Notes `name` for reading back after the transaction (`verify`), once.
+    pub fn read_back_later(&mut self, name: &str) {
+        if !self.verify.iter().any(|n| n == name) {
+            self.verify.push(name.to_owned());
+        }
+    }
+
     /// What executing the client's statement `name` changes in its session, if anything.
     pub fn effect_of(&self, name: &str) -> Option<&Arc<Outcome>> {
         if self.effects.is_empty() {

@@ -505,10 +505,8 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
         }
         Effect::SettingsUnknown { verify } => {
             link.server.settings.unknown = true;
-            for name in verify {
-                if !link.client.verify.contains(&name) {
-                    link.client.verify.push(name);
-                }
+            for name in &verify {
+                link.client.read_back_later(name);
             }
         }
         Effect::LocalSetting(name) => link.txn.explained.add(name.as_deref()),
@@ -751,9 +749,7 @@ fn verify_later(committed: &[TrackedChange], uncertain: bool, client: &mut Clien
     }
     for c in committed {
         if let SettingChange::Set(name, _) | SettingChange::Reset(name) = &c.change {
-            if !client.verify.contains(name) {
-                client.verify.push(name.clone());
-            }
+            client.read_back_later(name);
         }
     }
 }
