@@ -513,6 +513,125 @@ async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
     .await
 }
 
+/// PostgreSQL reads a statement's literals once, when it prepares it, and keeps that reading
+/// after a `SET TimeZone`: a statement pgmemo prepares again on a server that lacks it (here
+/// evicted by `max_prepared_statements`) after such a `SET` must read its literals as when the
+/// client prepared it, for a protocol-level and an SQL-level statement alike, while the
+/// client's session keeps its new setting.
+#[tokio::test]
+async fn a_statement_prepared_again_reads_its_literals_under_the_settings_it_was_prepared_with() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = Switch::Off;
+            c.max_prepared_statements = 1;
+        })
+        .await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        let through = pgmemo.client(USER, DB).await;
+        let literal = "SELECT extract(epoch FROM '2024-01-01 00:00'::timestamptz)::int8";
+        let (utc, new_york) = (1_704_067_200_i64, 1_704_085_200_i64);
+        for (client, via) in [(&direct, "directly"), (&through, "through pgmemo")] {
+            client.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
+            let st = client.prepare(literal).await.unwrap();
+            client
+                .batch_execute(&format!("PREPARE lit AS {literal}"))
+                .await
+                .unwrap();
+            client
+                .batch_execute("SET TimeZone = 'America/New_York'")
+                .await
+                .unwrap();
+            let other = client.prepare("SELECT 2").await.unwrap();
+            client.query_one(&other, &[]).await.unwrap();
+            let got: i64 = client.query_one(&st, &[]).await.unwrap().get(0);
+            assert_eq!(got, utc, "protocol-level statement {via}");
+            client.query_one(&other, &[]).await.unwrap();
+            assert_eq!(
+                value(client, "EXECUTE lit").await,
+                utc.to_string(),
+                "SQL-level statement {via}"
+            );
+            assert_eq!(
+                value(client, "SHOW TimeZone").await,
+                "America/New_York",
+                "{via}"
+            );
+            let now: i64 = client.query_one(literal, &[]).await.unwrap().get(0);
+            assert_eq!(now, new_york, "a statement parsed now {via}");
+            let got: i64 = client.query_one(&st, &[]).await.unwrap().get(0);
+            assert_eq!(got, utc, "protocol-level statement again {via}");
+            // Inside a transaction block, and with a Query in the same block after it.
+            client.batch_execute("BEGIN").await.unwrap();
+            client.query_one(&other, &[]).await.unwrap();
+            let got: i64 = client.query_one(&st, &[]).await.unwrap().get(0);
+            assert_eq!(got, utc, "protocol-level statement in a block {via}");
+            assert_eq!(
+                value(client, "SHOW TimeZone").await,
+                "America/New_York",
+                "in a block {via}"
+            );
+            client.batch_execute("COMMIT").await.unwrap();
+        }
+        // Nothing of it stays on the server for the next client.
+        let next = pgmemo.client(USER, DB).await;
+        assert_eq!(
+            value(&next, "SHOW TimeZone").await,
+            default_setting("TimeZone").await
+        );
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
+/// When a statement pgmemo prepares again under its first settings cannot be prepared (its
+/// table is gone), the client gets PostgreSQL's error, in a block or not, and keeps its own
+/// settings; the next client gets none of them.
+#[tokio::test]
+async fn a_statement_that_cannot_be_prepared_again_leaves_the_clients_settings_alone() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = Switch::Off;
+            c.max_prepared_statements = 1;
+        })
+        .await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        let through = pgmemo.client(USER, DB).await;
+        for (client, via) in [(&direct, "directly"), (&through, "through pgmemo")] {
+            let t = create_table("gone", "(x int)").await;
+            client.batch_execute("SET TimeZone = 'UTC'").await.unwrap();
+            let st = client
+                .prepare(&format!("SELECT x, '2024-01-01'::timestamptz FROM {t}"))
+                .await
+                .unwrap();
+            client
+                .batch_execute("SET TimeZone = 'America/New_York'")
+                .await
+                .unwrap();
+            drop_table(&t).await;
+            let other = client.prepare("SELECT 2").await.unwrap();
+            client.query_one(&other, &[]).await.unwrap();
+            client.batch_execute("BEGIN").await.unwrap();
+            let e = client.query(&st, &[]).await.unwrap_err();
+            assert_eq!(sqlstate(&e), Some("42P01"), "in a block {via}: {e:?}");
+            client.batch_execute("ROLLBACK").await.unwrap();
+            let e = client.query(&st, &[]).await.unwrap_err();
+            assert_eq!(sqlstate(&e), Some("42P01"), "{via}: {e:?}");
+            assert_eq!(
+                value(client, "SHOW TimeZone").await,
+                "America/New_York",
+                "{via}"
+            );
+        }
+        let next = pgmemo.client(USER, DB).await;
+        assert_eq!(
+            value(&next, "SHOW TimeZone").await,
+            default_setting("TimeZone").await
+        );
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
 /// `DO` and `CALL` run code that may `SET` (persisting once the transaction commits), which
 /// pgmemo cannot follow: the server they ran on is reset before its next use, so the setting
 /// never reaches the next client.

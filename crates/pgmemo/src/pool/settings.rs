@@ -289,6 +289,65 @@ fn in_step(client: &ClientSettings, server: &ServerSettings) -> bool {
     }
 }
 
+/// The `DO` blocks that set a server's analysis settings ([`PARSE_SETTINGS`]) to those a
+/// statement was first prepared under (`prepared_under`, its `StatementKey::settings`) and
+/// back to the client's, around pgmemo preparing it again on a server that lacks it: PostgreSQL
+/// reads a statement's literals (`'2024-01-01'::timestamptz`) when it prepares it and keeps
+/// that reading after a later `SET`, so the server must read them as the first one did.
+///
+/// `None` when nothing differs, or when the `search_path` does: PostgreSQL then parses the
+/// statement again at its next execution, under every setting in force, which is what
+/// preparing it under the client's current settings gives. Also `None` for a value that
+/// would end the block early (it then reads under the current settings, as before).
+pub fn analysis_switch(prepared_under: &str, client: &ClientSettings) -> Option<(String, String)> {
+    if prepared_under == &*client.parse_digest {
+        return None;
+    }
+    let then = digest_entries(prepared_under)?;
+    let was = |name: &str| then.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    if was("search_path") != client.effective("search_path").map(String::as_str) {
+        return None;
+    }
+    let (mut to, mut back) = (String::new(), String::new());
+    for name in PARSE_SETTINGS.iter().filter(|n| **n != "search_path") {
+        let (old, now) = (was(name), client.effective(name).map(String::as_str));
+        if old != now {
+            to.push_str(&in_block(name, old));
+            back.push_str(&in_block(name, now));
+        }
+    }
+    if to.is_empty() || to.contains("$pgmemo$") || back.contains("$pgmemo$") {
+        return None;
+    }
+    let block = |body: &str| format!("DO $pgmemo$BEGIN {body} END$pgmemo$");
+    Some((block(&to), block(&back)))
+}
+
+/// The PL/pgSQL statement that gives `name` the value a replay sets, or its default.
+fn in_block(name: &str, replay: Option<&str>) -> String {
+    match replay {
+        None => format!("RESET {name};"),
+        Some(sql) => set_raw_in_block(sql).unwrap_or_else(|| format!("{sql};")),
+    }
+}
+
+/// The `(name, replay)` pairs of a digest written by `ClientSettings::digest_of`.
+fn digest_entries(mut digest: &str) -> Option<Vec<(&str, &str)>> {
+    fn counted(s: &str) -> Option<(&str, &str)> {
+        let (len, rest) = s.split_once(':')?;
+        let len: usize = len.parse().ok()?;
+        Some((rest.get(..len)?, rest.get(len..)?))
+    }
+    let mut entries = Vec::new();
+    while !digest.is_empty() {
+        let (name, rest) = counted(digest)?;
+        let (value, rest) = counted(rest)?;
+        entries.push((name, value));
+        digest = rest;
+    }
+    Some(entries)
+}
+
 /// The statement that sets `name` from a raw value, as a startup packet would.
 pub fn set_raw_sql(name: &str, value: &str) -> String {
     format!(
@@ -419,6 +478,52 @@ mod tests {
                  SET timezone TO 'UTC';"
             )
         );
+    }
+
+    #[test]
+    fn a_statement_is_prepared_again_under_the_analysis_settings_it_had() {
+        let mut a = ClientSettings::from_startup(&[("datestyle".into(), "ISO".into())]);
+        let mut server = ServerSettings::default();
+        let first = a.parse_digest().clone();
+        assert_eq!(analysis_switch(&first, &a), None);
+        commit(
+            &[
+                set("timezone", "SET timezone TO 'UTC'"),
+                set("application_name", "SET application_name TO 'x'"),
+            ],
+            &mut a,
+            &mut server,
+        );
+        assert_eq!(
+            analysis_switch(&first, &a),
+            Some((
+                "DO $pgmemo$BEGIN RESET timezone; END$pgmemo$".into(),
+                "DO $pgmemo$BEGIN SET timezone TO 'UTC'; END$pgmemo$".into()
+            ))
+        );
+        let utc = a.parse_digest().clone();
+        commit(
+            &[set("datestyle", "SET datestyle TO 'SQL'")],
+            &mut a,
+            &mut server,
+        );
+        assert_eq!(
+            analysis_switch(&utc, &a),
+            Some((
+                "DO $pgmemo$BEGIN PERFORM pg_catalog.set_config('datestyle', 'ISO', false); \
+                 END$pgmemo$"
+                    .into(),
+                "DO $pgmemo$BEGIN SET datestyle TO 'SQL'; END$pgmemo$".into()
+            ))
+        );
+        // Another search_path: PostgreSQL parses the statement again under the settings now.
+        commit(
+            &[set("search_path", "SET search_path TO other")],
+            &mut a,
+            &mut server,
+        );
+        assert_eq!(analysis_switch(&utc, &a), None);
+        assert_eq!(analysis_switch("garbage", &a), None);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::commands::{
 };
 use super::link::{Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use crate::cache::plan::Effects;
-use crate::pool::settings::sync_sql;
+use crate::pool::settings::{analysis_switch, sync_sql};
 use crate::pool::{
     ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
 };
@@ -899,6 +899,10 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                 link.queue.push_back(entry);
             }
             ServerPrep::Create(statement) => {
+                let switch = analysis_switch_for(statement, link);
+                if let Some((to, _)) = &switch {
+                    emit_own_run(to, link, out);
+                }
                 // Recorded as on the server already: if the server skips or refuses it (an
                 // error earlier in the batch, an aborted block, a dropped table), the record
                 // goes, or every later use on this server would name a statement it lacks.
@@ -913,12 +917,12 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                         out.extend_from_slice(parse);
                         link.queue.push_back(Entry::swallow(Expect::Parse));
                     }
-                    StatementSource::Sql(sql) => {
-                        emit_unnamed_run(sql, link, out);
-                        link.queue.back_mut().expect("just queued").forward = false;
-                    }
+                    StatementSource::Sql(sql) => emit_own_run(sql, link, out),
                 }
                 link.queue.back_mut().expect("just queued").revert = Some(revert);
+                if let Some((_, back)) = &switch {
+                    emit_own_run(back, link, out);
+                }
             }
         }
     }
@@ -928,6 +932,27 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
         sync.holds_error = true;
         link.queue.push_back(sync);
     }
+}
+
+/// The `DO` blocks around preparing `statement` again on this server that make the server
+/// read it under the settings it was first prepared under (`settings::analysis_switch`).
+/// Only while the server's settings are the client's committed ones: after a `SET` in the
+/// open transaction or batch (or code pgmemo cannot see into) it reads under those in force.
+fn analysis_switch_for(
+    statement: &PreparedStatement,
+    link: &Link<'_>,
+) -> Option<(String, String)> {
+    if link.txn.explained.any() || !link.txn.pending.is_empty() || link.txn.uncertain {
+        return None;
+    }
+    analysis_switch(&statement.key.settings, &link.client.settings)
+}
+
+/// Runs `sql` as the unnamed statement and portal, all of it pgmemo's own (errors still
+/// reach the client).
+fn emit_own_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
+    emit_unnamed_run(sql, link, out);
+    link.queue.back_mut().expect("just queued").forward = false;
 }
 
 /// Runs `sql` as the unnamed statement and portal: Parse and Bind are pgmemo's, the
