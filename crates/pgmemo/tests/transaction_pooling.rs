@@ -520,9 +520,14 @@ async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
 /// client's session keeps its new setting.
 #[tokio::test]
 async fn a_statement_prepared_again_reads_its_literals_under_the_settings_it_was_prepared_with() {
+    prepared_again_under_its_settings(Switch::Off).await;
+    prepared_again_under_its_settings(Switch::On).await;
+}
+
+async fn prepared_again_under_its_settings(cache: Switch) {
     within(TEST_DEADLINE, async {
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
-            c.cache = Switch::Off;
+            c.cache = cache;
             c.max_prepared_statements = 1;
         })
         .await;

@@ -938,10 +938,7 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
 /// read it under the settings it was first prepared under (`settings::analysis_switch`).
 /// Only while the server's settings are the client's committed ones: after a `SET` in the
 /// open transaction or batch (or code pgmemo cannot see into) it reads under those in force.
-fn analysis_switch_for(
-    statement: &PreparedStatement,
-    link: &Link<'_>,
-) -> Option<(String, String)> {
+fn analysis_switch_for(statement: &PreparedStatement, link: &Link<'_>) -> Option<(String, String)> {
     if link.txn.explained.any() || !link.txn.pending.is_empty() || link.txn.uncertain {
         return None;
     }
