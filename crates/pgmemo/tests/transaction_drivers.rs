@@ -104,6 +104,66 @@ async fn a_prepared_statement_reads_literals_under_its_clients_settings() {
     }
 }
 
+/// What pgmemo runs on its own behalf in the middle of a client's batch (preparing a
+/// statement again on a server that lacks it, under the settings it was first prepared
+/// with) leaves the client's unnamed portal alone: a portal bound before it runs after it,
+/// for a protocol-level statement and for an SQL-level `EXECUTE` parsed as the unnamed
+/// statement. `max_prepared_statements` = 1 makes the server lack them.
+#[tokio::test]
+async fn statements_prepared_again_mid_batch_leave_the_clients_unnamed_portal_alone() {
+    use Who::A;
+    let literal = "SELECT extract(epoch FROM '2024-01-01 00:00'::timestamptz)::int8";
+    let q = |sql: &str| (A, vec![msg::query(sql)]);
+    let evict = (
+        A,
+        vec![msg::bind("", "o", &[]), msg::execute("", 0), msg::sync()],
+    );
+    let steps = vec![
+        q("SET TimeZone = 'UTC'"),
+        (A, vec![msg::parse("s", literal, &[]), msg::sync()]),
+        q(&format!("PREPARE lit AS {literal}")),
+        q("SET TimeZone = 'America/New_York'"),
+        (A, vec![msg::parse("o", "SELECT 2", &[]), msg::sync()]),
+        evict.clone(),
+        (
+            A,
+            vec![
+                msg::parse("", "SELECT 'mine'", &[]),
+                msg::bind("", "", &[]),
+                msg::bind("p", "s", &[]),
+                msg::execute("", 0),
+                msg::execute("p", 0),
+                msg::sync(),
+            ],
+        ),
+        evict,
+        (
+            A,
+            vec![
+                msg::parse("", "SELECT 'mine again'", &[]),
+                msg::bind("", "", &[]),
+                msg::parse("", "EXECUTE lit", &[]),
+                msg::bind("q", "", &[]),
+                msg::execute("", 0),
+                msg::execute("q", 0),
+                msg::sync(),
+            ],
+        ),
+        q("SHOW TimeZone"),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    let rows: Vec<&String> = direct.iter().filter(|l| l.contains("DataRow")).collect();
+    assert_eq!(rows.len(), 7, "{direct:#?}");
+    for cache in [Switch::On, Switch::Off] {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = cache;
+            c.max_prepared_statements = 1;
+        })
+        .await;
+        assert_same_through(pgmemo, &direct, &steps, format!("cache {cache:?}")).await;
+    }
+}
+
 /// Settings that a transaction undoes stay undone for their client and never reach another:
 /// a SET in an implicit transaction that fails, a SET rolled back to a savepoint (in one
 /// Query and message by message), a SET before a savepoint that is rolled back (kept), a SET

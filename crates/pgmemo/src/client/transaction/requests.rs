@@ -901,7 +901,7 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
             ServerPrep::Create(statement) => {
                 let switch = analysis_switch_for(statement, link);
                 if let Some((to, _)) = &switch {
-                    emit_own_run(to, link, out);
+                    emit_own_run(to, None, link, out);
                 }
                 // Recorded as on the server already: if the server skips or refuses it (an
                 // error earlier in the batch, an aborted block, a dropped table), the record
@@ -915,13 +915,14 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                 match &statement.create {
                     StatementSource::Parse(parse) => {
                         out.extend_from_slice(parse);
-                        link.queue.push_back(Entry::swallow(Expect::Parse));
+                        let mut entry = Entry::swallow(Expect::Parse);
+                        entry.revert = Some(revert);
+                        link.queue.push_back(entry);
                     }
-                    StatementSource::Sql(sql) => emit_own_run(sql, link, out),
+                    StatementSource::Sql(sql) => emit_own_run(sql, Some(revert), link, out),
                 }
-                link.queue.back_mut().expect("just queued").revert = Some(revert);
                 if let Some((_, back)) = &switch {
-                    emit_own_run(back, link, out);
+                    emit_own_run(back, None, link, out);
                 }
             }
         }
@@ -945,11 +946,43 @@ fn analysis_switch_for(statement: &PreparedStatement, link: &Link<'_>) -> Option
     analysis_switch(&statement.key.settings, &link.client.settings)
 }
 
-/// Runs `sql` as the unnamed statement and portal, all of it pgmemo's own (errors still
-/// reach the client).
-fn emit_own_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
-    emit_unnamed_run(sql, link, out);
-    link.queue.back_mut().expect("just queued").forward = false;
+/// The portal pgmemo runs its own statements through in the middle of a client's batch
+/// (closed right after): the client's unnamed portal, which the batch may have bound before
+/// and execute after, stays the client's.
+const OWN_PORTAL: &str = "pgmemo_own";
+
+/// Runs `sql` on pgmemo's behalf as the unnamed statement, through [`OWN_PORTAL`], answers
+/// swallowed (errors still reach the client). `revert` goes on the Execute (a SQL-level
+/// `PREPARE` that creates a statement).
+fn emit_own_run(sql: &str, revert: Option<Box<Revert>>, link: &mut Link<'_>, out: &mut BytesMut) {
+    out.extend_from_slice(&encode_parse("", sql, &[]));
+    Bind {
+        portal: Bytes::from_static(OWN_PORTAL.as_bytes()),
+        statement: Bytes::new(),
+        param_formats: Vec::new(),
+        params: Vec::new(),
+        result_formats: Vec::new(),
+    }
+    .encode(out);
+    Execute {
+        portal: Bytes::from_static(OWN_PORTAL.as_bytes()),
+        max_rows: 0,
+    }
+    .encode(out);
+    Close {
+        target: Target::Portal,
+        name: Bytes::from_static(OWN_PORTAL.as_bytes()),
+    }
+    .encode(out);
+    let mut parse = Entry::swallow(Expect::Parse);
+    parse.unnamed = Some(link.unnamed_undo(false));
+    link.server.unnamed = Some(OWN_UNNAMED);
+    link.queue.push_back(parse);
+    link.queue.push_back(Entry::swallow(Expect::Bind));
+    let mut execute = Entry::swallow(Expect::Execute);
+    execute.revert = revert;
+    link.queue.push_back(execute);
+    link.queue.push_back(Entry::swallow(Expect::Close));
 }
 
 /// Runs `sql` as the unnamed statement and portal: Parse and Bind are pgmemo's, the
