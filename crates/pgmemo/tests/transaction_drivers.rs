@@ -164,6 +164,60 @@ async fn statements_prepared_again_mid_batch_leave_the_clients_unnamed_portal_al
     }
 }
 
+/// A Bind with the wrong number of parameters for a statement the server lacks gets
+/// PostgreSQL's 08P01, not the error of preparing the statement there again first: in an
+/// aborted block (25P02) or under a `search_path` that no longer finds its table (42P01). With
+/// the right number it gets those errors, as from PostgreSQL. `max_prepared_statements` = 1
+/// makes the server lack them.
+#[tokio::test]
+async fn a_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else() {
+    use Who::A;
+    let t = create_table("bindcount", "(k int)").await;
+    let q = |sql: &str| (A, vec![msg::query(sql)]);
+    let parse = |name: &str, sql: &str| (A, vec![msg::parse(name, sql, &[]), msg::sync()]);
+    let run = |name: &str, params: &[Option<&str>]| {
+        (
+            A,
+            vec![
+                msg::bind("", name, params),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        )
+    };
+    let steps = vec![
+        parse("s1", "SELECT $1::int"),
+        parse("s2", &format!("SELECT count(*) FROM {t}")),
+        q("BEGIN"),
+        q("SELECT 1/0"),
+        run("s1", &[]),
+        run("s1", &[Some("1")]),
+        q("ROLLBACK"),
+        q("SET search_path = pg_catalog"),
+        parse("s3", "SELECT 3"),
+        run("s2", &[Some("1")]),
+        run("s2", &[]),
+        q("RESET search_path"),
+        run("s2", &[]),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    let count = |code: &str| direct.iter().filter(|l| l.contains(code)).count();
+    assert_eq!(
+        (count("08P01"), count("25P02"), count("42P01")),
+        (2, 1, 1),
+        "{direct:#?}"
+    );
+    for cache in [Switch::On, Switch::Off] {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = cache;
+            c.max_prepared_statements = 1;
+        })
+        .await;
+        assert_same_through(pgmemo, &direct, &steps, format!("cache {cache:?}")).await;
+    }
+    drop_table(&t).await;
+}
+
 /// Settings that a transaction undoes stay undone for their client and never reach another:
 /// a SET in an implicit transaction that fails, a SET rolled back to a savepoint (in one
 /// Query and message by message), a SET before a savepoint that is rolled back (kept), a SET

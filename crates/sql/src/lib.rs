@@ -20,6 +20,7 @@ mod collect;
 mod cursor;
 mod error;
 mod kind;
+mod params;
 mod prefilter;
 mod set;
 mod shape;
@@ -36,6 +37,7 @@ pub use analysis::{
 };
 pub use error::SqlError;
 pub use kind::{DiscardKind, StatementKind};
+pub use params::parameter_count;
 pub use prefilter::may_affect_session;
 pub use set::{SetCommand, SetValue};
 pub use shape::{has_time_word, shape, shape_into, Shape, ShapeFacts};

@@ -168,6 +168,11 @@ impl ServerStatements {
         }
     }
 
+    /// Whether the server has `statement`, without counting a use.
+    pub fn holds(&self, statement: &PreparedStatement) -> bool {
+        self.prepared.contains_key(&statement.id)
+    }
+
     /// Records that `statement` is being prepared on the server. Returns the least recently
     /// used statement to close first when the server would otherwise hold more than `max`.
     pub fn insert(

@@ -197,7 +197,19 @@ async fn target(
     pool_size: usize,
     cache: Switch,
 ) -> Target {
-    let config = Config {
+    tweaked_target(direct, name, mode, pool_size, cache, |_| {}).await
+}
+
+/// [`target`] with more of its configuration changed.
+async fn tweaked_target(
+    direct: u16,
+    name: &'static str,
+    mode: PoolMode,
+    pool_size: usize,
+    cache: Switch,
+    tweak: impl FnOnce(&mut Config),
+) -> Target {
+    let mut config = Config {
         pool_mode: mode,
         pool_size,
         cache,
@@ -205,6 +217,7 @@ async fn target(
         invalidation: Invalidation::Proxy,
         ..pgmemo_config_for(direct)
     };
+    tweak(&mut config);
     let pgmemo = spawn_pgmemo(config).await.expect("pgmemo starts");
     Target { name, pgmemo }
 }
@@ -391,6 +404,16 @@ async fn one_server_shared_by_two_clients() {
                 Switch::Off,
             )
             .await,
+            // Statements evicted and prepared again all the time.
+            tweaked_target(
+                direct,
+                "transaction pooling, 1 server, 2 statements per server, cache off",
+                PoolMode::Transaction,
+                1,
+                Switch::Off,
+                |c| c.max_prepared_statements = 2,
+            )
+            .await,
         ];
         differential(direct, &prefix("x"), true, targets, seeds(1, 30)).await;
     })
@@ -436,6 +459,15 @@ async fn overlapping_transactions() {
                 PoolMode::Transaction,
                 2,
                 Switch::Off,
+            )
+            .await,
+            tweaked_target(
+                direct,
+                "transaction pooling, 2 servers, 2 statements per server, cache on",
+                PoolMode::Transaction,
+                2,
+                Switch::On,
+                |c| c.max_prepared_statements = 2,
             )
             .await,
         ];

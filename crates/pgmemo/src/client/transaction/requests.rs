@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use sql::StatementKind;
 use wire::frontend::{self, Bind, Close, Describe, Execute, Parse, Target};
+use wire::sqlstate::PROTOCOL_VIOLATION;
 use wire::{ErrorResponse, Frame, WireError};
 
 use super::cache::{Pipelined, TxnCache};
@@ -709,6 +711,10 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         .ok_or(WireError::MissingTerminator)?;
     let portal = &body[..portal_end];
     let name = std::str::from_utf8(&rest[..stmt_end]).map_err(|_| WireError::InvalidUtf8)?;
+    if let Some(e) = bind_count_error(name, &rest[stmt_end + 1..], link) {
+        emit_refusal(&e, link, out);
+        return Ok(());
+    }
     let Some(statement) = statement_for_use(name, link, out) else {
         return Ok(());
     };
@@ -752,6 +758,56 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     }
     link.queue.push_back(entry);
     Ok(())
+}
+
+/// PostgreSQL's checks of a Bind's parameter counts, made by pgmemo when the server lacks the
+/// client's statement `name`: preparing it there first can fail (an aborted block refuses
+/// the Parse with 25P02, another `search_path` finds no table) where PostgreSQL reports a
+/// wrong count first (08P01), as it checks the counts before it plans the statement again.
+/// `tail`: the Bind after the statement name.
+fn bind_count_error(name: &str, tail: &[u8], link: &Link<'_>) -> Option<ErrorResponse> {
+    if name.is_empty() {
+        return None;
+    }
+    let statement = link.client.statements.get(name)?;
+    let ParamTypes::Oids(types) = &statement.key.types else {
+        return None;
+    };
+    // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
+    if link.server.statements.holds(statement)
+        || statement
+            .key
+            .settings
+            .contains("standard_conforming_strings")
+    {
+        return None;
+    }
+    let count_at = |at: usize| {
+        let n = i16::from_be_bytes(tail.get(at..at + 2)?.try_into().ok()?);
+        usize::try_from(n).ok()
+    };
+    let formats = count_at(0)?;
+    let params = count_at(2 + 2 * formats)?;
+    if formats > 1 && formats != params {
+        return Some(ErrorResponse::error(
+            PROTOCOL_VIOLATION,
+            format!("bind message has {formats} parameter formats but {params} parameters"),
+        ));
+    }
+    let required = sql::parameter_count(
+        &statement.key.text,
+        types.len(),
+        sql::ParseOptions::default(),
+    )?;
+    (params != required).then(|| {
+        ErrorResponse::error(
+            PROTOCOL_VIOLATION,
+            format!(
+                "bind message supplies {params} parameters, but prepared statement \"{name}\" \
+                 requires {required}"
+            ),
+        )
+    })
 }
 
 /// With the cache on: notes what executing `portal` (bound to the client's statement `name`)
@@ -943,7 +999,29 @@ fn analysis_switch_for(statement: &PreparedStatement, link: &Link<'_>) -> Option
     if link.txn.explained.any() || !link.txn.pending.is_empty() || link.txn.uncertain {
         return None;
     }
-    analysis_switch(&statement.key.settings, &link.client.settings)
+    let switch = analysis_switch(&statement.key.settings, &link.client.settings)?;
+    // Only queries are analysed at Parse, literals and all (a SQL-level PREPARE holds one). A
+    // utility statement reads its text when it runs, and the blocks would be the
+    // transaction's first query, which `BEGIN ISOLATION LEVEL` or `SET TRANSACTION` must
+    // come before.
+    let query = match &statement.create {
+        StatementSource::Sql(_) => true,
+        StatementSource::Parse(_) => sql::analyze(&statement.key.text).is_ok_and(|a| {
+            matches!(
+                a.statements.as_slice(),
+                [one] if matches!(
+                    one.kind,
+                    StatementKind::Select
+                        | StatementKind::Insert
+                        | StatementKind::Update
+                        | StatementKind::Delete
+                        | StatementKind::Merge
+                        | StatementKind::Values
+                )
+            )
+        }),
+    };
+    query.then_some(switch)
 }
 
 /// The portal pgmemo runs its own statements through in the middle of a client's batch
