@@ -164,6 +164,46 @@ async fn statements_prepared_again_mid_batch_leave_the_clients_unnamed_portal_al
     }
 }
 
+/// A `BEGIN ISOLATION LEVEL ...` prepared under another TimeZone and prepared again on a
+/// server that lacks it runs as the transaction's first statement: pgmemo sends nothing that
+/// queries before it (25001 otherwise).
+#[tokio::test]
+async fn a_begin_prepared_again_after_a_set_still_starts_its_transaction() {
+    use Who::A;
+    let q = |sql: &str| (A, vec![msg::query(sql)]);
+    let steps = vec![
+        q("SET TimeZone = 'UTC'"),
+        (
+            A,
+            vec![
+                msg::parse("s", "BEGIN ISOLATION LEVEL REPEATABLE READ", &[]),
+                msg::sync(),
+            ],
+        ),
+        q("SET TimeZone = 'America/New_York'"),
+        (A, vec![msg::parse("o", "SELECT 2", &[]), msg::sync()]),
+        (
+            A,
+            vec![msg::bind("", "s", &[]), msg::execute("", 0), msg::sync()],
+        ),
+        q("SHOW transaction_isolation"),
+        q("COMMIT"),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    assert!(
+        direct.iter().any(|l| l.contains("repeatable read")),
+        "{direct:#?}"
+    );
+    for cache in [Switch::On, Switch::Off] {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = cache;
+            c.max_prepared_statements = 1;
+        })
+        .await;
+        assert_same_through(pgmemo, &direct, &steps, format!("cache {cache:?}")).await;
+    }
+}
+
 /// A Bind with the wrong number of parameters for a statement the server lacks gets
 /// PostgreSQL's 08P01, not the error of preparing the statement there again first: in an
 /// aborted block (25P02) or under a `search_path` that no longer finds its table (42P01). With
