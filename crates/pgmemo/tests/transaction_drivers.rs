@@ -16,8 +16,8 @@ use testkit::{
     assert_pgbench_report, output, pg_client, rows, run_ok, sqlstate, within, LocalPostgres,
 };
 use txn_support::{
-    create_table, drop_table, lock_exclusive, msg, python, run_script, side_by_side, txn_pgmemo,
-    value, Who, DB, TEST_DEADLINE, USER,
+    create_table, drop_table, evicting_pgmemo, lock_exclusive, msg, python, run_script,
+    side_by_side, txn_pgmemo, value, Who, DB, TEST_DEADLINE, USER,
 };
 
 /// Upper bound for one run of an external client program.
@@ -41,6 +41,14 @@ async fn same_as_postgres_over(servers: usize, steps: &[(Who, Vec<Vec<u8>>)]) ->
         assert_same_through(pgmemo, &direct, steps, format!("cache {cache:?}")).await;
     }
     direct
+}
+
+/// Asserts the `direct` answers to `steps` through an [`evicting_pgmemo`], cache on and off.
+async fn same_through_evicting(direct: &[String], steps: &[(Who, Vec<Vec<u8>>)]) {
+    for cache in [Switch::On, Switch::Off] {
+        let pgmemo = evicting_pgmemo(cache).await;
+        assert_same_through(pgmemo, direct, steps, format!("cache {cache:?}, evicting")).await;
+    }
 }
 
 /// Runs `steps` through `pgmemo` (shut down afterwards) and asserts the `direct` answers.
@@ -154,14 +162,55 @@ async fn statements_prepared_again_mid_batch_leave_the_clients_unnamed_portal_al
     let direct = run_script(LocalPostgres::PORT, &steps).await;
     let rows: Vec<&String> = direct.iter().filter(|l| l.contains("DataRow")).collect();
     assert_eq!(rows.len(), 7, "{direct:#?}");
-    for cache in [Switch::On, Switch::Off] {
-        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
-            c.cache = cache;
-            c.max_prepared_statements = 1;
-        })
-        .await;
-        assert_same_through(pgmemo, &direct, &steps, format!("cache {cache:?}")).await;
+    same_through_evicting(&direct, &steps).await;
+}
+
+/// The type bytes of every answer to `messages` (ParameterStatus included) up to the first
+/// ReadyForQuery.
+async fn tags(raw: &mut txn_support::Raw, messages: &[Vec<u8>]) -> String {
+    raw.send(messages).await;
+    let mut tags = String::new();
+    loop {
+        let (tag, _) = raw.recv().await;
+        tags.push(tag as char);
+        if tag == b'Z' {
+            return tags;
+        }
     }
+}
+
+/// Setting a server to a statement's first TimeZone and back around preparing it again
+/// sends the client no ParameterStatus (PostgreSQL reports a setting only when its value at
+/// ReadyForQuery differs from the one it reported last), also when that Parse fails in a
+/// transaction block.
+#[tokio::test]
+async fn preparing_again_under_the_first_settings_reports_no_parameter_status() {
+    use txn_support::Raw;
+    within(TEST_DEADLINE, async {
+        let t = create_table("pstatus", "(x int)").await;
+        let pgmemo = evicting_pgmemo(Switch::Off).await;
+        let mut raw = Raw::login(pgmemo.port()).await;
+        let literal = "SELECT extract(epoch FROM '2024-01-01 00:00'::timestamptz)::int8";
+        raw.exchange(&[msg::query("SET TimeZone = 'UTC'")]).await;
+        raw.exchange(&[
+            msg::parse("s", literal, &[]),
+            msg::parse("gone", &format!("SELECT x FROM {t}"), &[]),
+            msg::sync(),
+        ])
+        .await;
+        raw.exchange(&[msg::query("SET TimeZone = 'America/New_York'")])
+            .await;
+        drop_table(&t).await;
+        let run = |name: &str| [msg::bind("", name, &[]), msg::execute("", 0), msg::sync()];
+        // 2: BindComplete, D: the row read under UTC, C, Z; an E in the block.
+        assert_eq!(tags(&mut raw, &run("s")).await, "2DCZ");
+        assert_eq!(tags(&mut raw, &[msg::query("BEGIN")]).await, "CZ");
+        assert_eq!(tags(&mut raw, &run("gone")).await, "EZ");
+        assert_eq!(tags(&mut raw, &[msg::query("ROLLBACK")]).await, "CZ");
+        assert_eq!(tags(&mut raw, &run("s")).await, "2DCZ");
+        pgmemo.shutdown().await;
+    })
+    .await
 }
 
 /// A `BEGIN ISOLATION LEVEL ...` prepared under another TimeZone and prepared again on a
@@ -194,14 +243,7 @@ async fn a_begin_prepared_again_after_a_set_still_starts_its_transaction() {
         direct.iter().any(|l| l.contains("repeatable read")),
         "{direct:#?}"
     );
-    for cache in [Switch::On, Switch::Off] {
-        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
-            c.cache = cache;
-            c.max_prepared_statements = 1;
-        })
-        .await;
-        assert_same_through(pgmemo, &direct, &steps, format!("cache {cache:?}")).await;
-    }
+    same_through_evicting(&direct, &steps).await;
 }
 
 /// A Bind with the wrong number of parameters for a statement the server lacks gets
@@ -247,14 +289,7 @@ async fn a_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else()
         (2, 1, 1),
         "{direct:#?}"
     );
-    for cache in [Switch::On, Switch::Off] {
-        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
-            c.cache = cache;
-            c.max_prepared_statements = 1;
-        })
-        .await;
-        assert_same_through(pgmemo, &direct, &steps, format!("cache {cache:?}")).await;
-    }
+    same_through_evicting(&direct, &steps).await;
     drop_table(&t).await;
 }
 

@@ -21,8 +21,8 @@ use testkit::{
 };
 use tokio_postgres::{Client, NoTls, Statement};
 use txn_support::{
-    backend_pid, connect_with, create_table, db_message, drop_table, query_error, txn_pgmemo,
-    value, DB, SOON, TEST_DEADLINE, USER,
+    backend_pid, connect_with, create_table, db_message, drop_table, evicting_pgmemo, query_error,
+    txn_pgmemo, value, DB, SOON, TEST_DEADLINE, USER,
 };
 
 /// What a fresh session on the local server shows for a setting.
@@ -526,11 +526,7 @@ async fn a_statement_prepared_again_reads_its_literals_under_the_settings_it_was
 
 async fn prepared_again_under_its_settings(cache: Switch) {
     within(TEST_DEADLINE, async {
-        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
-            c.cache = cache;
-            c.max_prepared_statements = 1;
-        })
-        .await;
+        let pgmemo = evicting_pgmemo(cache).await;
         let direct = LocalPostgres.client(USER, DB).await;
         let through = pgmemo.client(USER, DB).await;
         let literal = "SELECT extract(epoch FROM '2024-01-01 00:00'::timestamptz)::int8";
@@ -577,15 +573,20 @@ async fn prepared_again_under_its_settings(cache: Switch) {
             );
             client.batch_execute("COMMIT").await.unwrap();
         }
-        // Nothing of it stays on the server for the next client.
-        let next = pgmemo.client(USER, DB).await;
-        assert_eq!(
-            value(&next, "SHOW TimeZone").await,
-            default_setting("TimeZone").await
-        );
+        assert_next_client_has_the_default_time_zone(&pgmemo).await;
         pgmemo.shutdown().await;
     })
     .await
+}
+
+/// Nothing pgmemo set around preparing a statement again stays on the server: the next
+/// client finds the server's default TimeZone.
+async fn assert_next_client_has_the_default_time_zone(pgmemo: &testkit::PgmemoInstance) {
+    let next = pgmemo.client(USER, DB).await;
+    assert_eq!(
+        value(&next, "SHOW TimeZone").await,
+        default_setting("TimeZone").await
+    );
 }
 
 /// When a statement pgmemo prepares again under its first settings cannot be prepared (its
@@ -594,11 +595,7 @@ async fn prepared_again_under_its_settings(cache: Switch) {
 #[tokio::test]
 async fn a_statement_that_cannot_be_prepared_again_leaves_the_clients_settings_alone() {
     within(TEST_DEADLINE, async {
-        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
-            c.cache = Switch::Off;
-            c.max_prepared_statements = 1;
-        })
-        .await;
+        let pgmemo = evicting_pgmemo(Switch::Off).await;
         let direct = LocalPostgres.client(USER, DB).await;
         let through = pgmemo.client(USER, DB).await;
         for (client, via) in [(&direct, "directly"), (&through, "through pgmemo")] {
@@ -627,11 +624,7 @@ async fn a_statement_that_cannot_be_prepared_again_leaves_the_clients_settings_a
                 "{via}"
             );
         }
-        let next = pgmemo.client(USER, DB).await;
-        assert_eq!(
-            value(&next, "SHOW TimeZone").await,
-            default_setting("TimeZone").await
-        );
+        assert_next_client_has_the_default_time_zone(&pgmemo).await;
         pgmemo.shutdown().await;
     })
     .await

@@ -57,6 +57,17 @@ pub async fn txn_pgmemo(
         .expect("pgmemo starts with pool_mode = transaction")
 }
 
+/// [`txn_pgmemo`] over the local server's one connection that holds one prepared statement at
+/// a time (`max_prepared_statements` = 1): a client's statements are evicted and prepared
+/// again there whenever it uses another.
+pub async fn evicting_pgmemo(cache: Switch) -> PgmemoInstance {
+    txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+        c.cache = cache;
+        c.max_prepared_statements = 1;
+    })
+    .await
+}
+
 /// The server's message of a database error ("" for other errors).
 pub fn db_message(e: &tokio_postgres::Error) -> String {
     e.as_db_error()

@@ -80,7 +80,7 @@ pub fn translate(
                 }
                 Target::Statement => {
                     let name = text(name)?;
-                    let Some(statement) = statement_for_use(name, link, out) else {
+                    let Some(statement) = statement_for_use(name, None, link, out) else {
                         return Ok(false);
                     };
                     match &statement {
@@ -711,11 +711,7 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         .ok_or(WireError::MissingTerminator)?;
     let portal = &body[..portal_end];
     let name = std::str::from_utf8(&rest[..stmt_end]).map_err(|_| WireError::InvalidUtf8)?;
-    if let Some(e) = bind_count_error(name, &rest[stmt_end + 1..], link) {
-        emit_refusal(&e, link, out);
-        return Ok(());
-    }
-    let Some(statement) = statement_for_use(name, link, out) else {
+    let Some(statement) = statement_for_use(name, Some(&rest[stmt_end + 1..]), link, out) else {
         return Ok(());
     };
     match &statement {
@@ -765,20 +761,19 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
 /// the Parse with 25P02, another `search_path` finds no table) where PostgreSQL reports a
 /// wrong count first (08P01), as it checks the counts before it plans the statement again.
 /// `tail`: the Bind after the statement name.
-fn bind_count_error(name: &str, tail: &[u8], link: &Link<'_>) -> Option<ErrorResponse> {
-    if name.is_empty() {
-        return None;
-    }
-    let statement = link.client.statements.get(name)?;
+fn bind_count_error(
+    name: &str,
+    statement: &PreparedStatement,
+    tail: &[u8],
+) -> Option<ErrorResponse> {
     let ParamTypes::Oids(types) = &statement.key.types else {
         return None;
     };
     // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
-    if link.server.statements.holds(statement)
-        || statement
-            .key
-            .settings
-            .contains("standard_conforming_strings")
+    if statement
+        .key
+        .settings
+        .contains("standard_conforming_strings")
     {
         return None;
     }
@@ -835,10 +830,13 @@ fn bound(portal: &[u8], name: &str, link: &mut Link<'_>) {
 }
 
 /// Gets the statement a Bind or Describe names ready on the server. `None`: the name is
-/// unknown and an error was raised instead; `Some(None)`: use the message as it is (the
-/// unnamed statement); `Some(Some(statement))`: use pgmemo's statement (and its name).
+/// unknown, or the Bind's parameter counts are wrong for a statement the server lacks
+/// (`bind`: the Bind after the statement name), and an error was raised instead;
+/// `Some(None)`: use the message as it is (the unnamed statement); `Some(Some(statement))`:
+/// use pgmemo's statement (and its name).
 fn statement_for_use(
     name: &str,
+    bind: Option<&[u8]>,
     link: &mut Link<'_>,
     out: &mut BytesMut,
 ) -> Option<Option<Arc<PreparedStatement>>> {
@@ -850,6 +848,12 @@ fn statement_for_use(
         emit_missing(name, link, out);
         return None;
     };
+    if let Some(tail) = bind.filter(|_| !link.server.statements.holds(&statement)) {
+        if let Some(e) = bind_count_error(name, &statement, tail) {
+            emit_refusal(&e, link, out);
+            return None;
+        }
+    }
     ensure(&statement, link, out);
     Some(Some(statement))
 }
@@ -1033,20 +1037,7 @@ const OWN_PORTAL: &str = "pgmemo_own";
 /// swallowed (errors still reach the client). `revert` goes on the Execute (a SQL-level
 /// `PREPARE` that creates a statement).
 fn emit_own_run(sql: &str, revert: Option<Box<Revert>>, link: &mut Link<'_>, out: &mut BytesMut) {
-    out.extend_from_slice(&encode_parse("", sql, &[]));
-    Bind {
-        portal: Bytes::from_static(OWN_PORTAL.as_bytes()),
-        statement: Bytes::new(),
-        param_formats: Vec::new(),
-        params: Vec::new(),
-        result_formats: Vec::new(),
-    }
-    .encode(out);
-    Execute {
-        portal: Bytes::from_static(OWN_PORTAL.as_bytes()),
-        max_rows: 0,
-    }
-    .encode(out);
+    encode_run(sql, OWN_PORTAL, out);
     Close {
         target: Target::Portal,
         name: Bytes::from_static(OWN_PORTAL.as_bytes()),
@@ -1066,20 +1057,7 @@ fn emit_own_run(sql: &str, revert: Option<Box<Revert>>, link: &mut Link<'_>, out
 /// Runs `sql` as the unnamed statement and portal: Parse and Bind are pgmemo's, the
 /// Execute's answer goes to the client.
 fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
-    out.extend_from_slice(&encode_parse("", sql, &[]));
-    Bind {
-        portal: Bytes::new(),
-        statement: Bytes::new(),
-        param_formats: Vec::new(),
-        params: Vec::new(),
-        result_formats: Vec::new(),
-    }
-    .encode(out);
-    Execute {
-        portal: Bytes::new(),
-        max_rows: 0,
-    }
-    .encode(out);
+    encode_run(sql, "", out);
     // Recorded on the Parse's entry too, so that undoing an earlier batch's skipped Parse or
     // Close of the unnamed statement leaves this one in the records (`Link::undo_unnamed`).
     let mut entry = Entry::swallow(Expect::Parse);
@@ -1088,6 +1066,24 @@ fn emit_unnamed_run(sql: &str, link: &mut Link<'_>, out: &mut BytesMut) {
     link.queue.push_back(entry);
     link.queue.push_back(Entry::swallow(Expect::Bind));
     link.queue.push_back(Entry::forward(Expect::Execute));
+}
+
+/// Parse of `sql` as the unnamed statement, Bind of it to `portal`, Execute of that portal.
+fn encode_run(sql: &str, portal: &'static str, out: &mut BytesMut) {
+    out.extend_from_slice(&encode_parse("", sql, &[]));
+    Bind {
+        portal: Bytes::from_static(portal.as_bytes()),
+        statement: Bytes::new(),
+        param_formats: Vec::new(),
+        params: Vec::new(),
+        result_formats: Vec::new(),
+    }
+    .encode(out);
+    Execute {
+        portal: Bytes::from_static(portal.as_bytes()),
+        max_rows: 0,
+    }
+    .encode(out);
 }
 
 /// A statement name no server ever holds: longer than PostgreSQL's identifiers (63 bytes),
