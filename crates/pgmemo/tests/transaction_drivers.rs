@@ -179,6 +179,145 @@ async fn tags(raw: &mut txn_support::Raw, messages: &[Vec<u8>]) -> String {
     }
 }
 
+/// A Describe of a statement the server lacks gets what PostgreSQL, which describes a
+/// prepared statement from what it fixed at Parse, sends: a statement that returns no rows
+/// is described also in an aborted block and after its table is gone; one that returns rows
+/// is refused in an aborted block, and where its table is gone the client gets its
+/// ParameterDescription before the error, whether a Describe told its parameter types before
+/// or its Parse gave them. `max_prepared_statements` = 1 makes the server lack them.
+#[tokio::test]
+async fn a_describe_of_a_statement_the_server_lacks_answers_as_postgres_does() {
+    use Who::A;
+    let t = format!("descr_{}", std::process::id());
+    let q = |sql: &str| (A, vec![msg::query(sql)]);
+    let prepare = |name: &str, sql: &str, types: &[u32], describe: bool| {
+        let mut messages = vec![msg::parse(name, sql, types)];
+        if describe {
+            messages.push(msg::describe(b'S', name));
+        }
+        messages.push(msg::sync());
+        (A, messages)
+    };
+    let describe = |name: &str| (A, vec![msg::describe(b'S', name), msg::sync()]);
+    let steps = vec![
+        q(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (k int)"
+        )),
+        prepare("upd", &format!("UPDATE {t} SET k = k + $1"), &[], true),
+        prepare("sel", &format!("SELECT k FROM {t} WHERE k > $1"), &[], true),
+        prepare(
+            "typed",
+            &format!("SELECT k FROM {t} WHERE k = $1"),
+            &[23],
+            false,
+        ),
+        prepare("one", "SELECT 1 AS one", &[], false),
+        q("BEGIN"),
+        q("SELECT 1/0"),
+        describe("upd"),
+        describe("sel"),
+        q("ROLLBACK"),
+        q(&format!("DROP TABLE {t}")),
+        describe("sel"),
+        describe("upd"),
+        describe("typed"),
+        describe("one"),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    let expected = [
+        " 7 A| ParameterDescription [23]",
+        " 7 A| NoData",
+        " 8 A| Error ERROR 25P02",
+        "11 A| ParameterDescription [23]",
+        "11 A| Error ERROR 42P01",
+        "12 A| NoData",
+        "13 A| ParameterDescription [23]",
+        "13 A| Error ERROR 42P01",
+        "14 A| RowDescription [one:23]",
+    ];
+    for line in expected {
+        assert!(
+            direct.iter().any(|l| l.starts_with(line)),
+            "{line}: {direct:#?}"
+        );
+    }
+    same_through_evicting(&direct, &steps).await;
+}
+
+/// A `set_config` in the client's own statement changes a setting the server does not
+/// report (`extra_float_digits`): a batch pipelined behind it that must wait for its answer
+/// (a second Parse of the name it just gave) runs under the new value, which stays the
+/// client's own, and the other client sharing the server never sees it.
+#[tokio::test]
+async fn a_batch_held_behind_a_set_config_keeps_its_value() {
+    use Who::{A, B};
+    let q = |who: Who, sql: &str| (who, vec![msg::query(sql)]);
+    let sum = "SELECT 0.1::float8 + 0.2 AS f";
+    let t = create_table("heldset", "(k int)").await;
+    // Volatile: it may change settings, so the server is brought in line before its next use.
+    LocalPostgres
+        .client(USER, DB)
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION {t}_f() RETURNS int LANGUAGE sql AS 'SELECT 1'"
+        ))
+        .await
+        .unwrap();
+    let steps = vec![
+        q(A, &format!("SET extra_float_digits = 0; SELECT {t}_f()")),
+        (
+            A,
+            vec![
+                msg::parse(
+                    "s1",
+                    "SELECT set_config('extra_float_digits', '2', false) AS c",
+                    &[],
+                ),
+                msg::bind("p1", "s1", &[]),
+                msg::execute("p1", 0),
+                msg::sync(),
+                msg::parse("s1", "SELECT 2", &[]),
+                msg::bind("p1", "s1", &[]),
+                msg::execute("p1", 0),
+                msg::sync(),
+            ],
+        ),
+        (
+            A,
+            vec![
+                msg::parse("", sum, &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        ),
+        q(A, "SHOW extra_float_digits"),
+        q(B, "SHOW extra_float_digits"),
+        q(A, "SHOW extra_float_digits"),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    for cache in [Switch::On, Switch::Off] {
+        // Admitted at once, the function call is planned with the catalog: the server is
+        // then brought in line before each batch.
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+            c.cache = cache;
+            c.cache_admission = pgmemo::config::CacheAdmission::Always;
+        })
+        .await;
+        assert_same_through(pgmemo, &direct, &steps, format!("cache {cache:?}")).await;
+    }
+    let twos = direct.iter().filter(|l| l.contains("DataRow [2]")).count();
+    assert_eq!(twos, 3, "set_config, then A's value twice: {direct:#?}");
+    assert_eq!(
+        direct
+            .iter()
+            .filter(|l| l.contains("0.30000000000000004"))
+            .count(),
+        1,
+        "{direct:#?}"
+    );
+}
+
 /// Setting a server to a statement's first TimeZone and back around preparing it again
 /// sends the client no ParameterStatus (PostgreSQL reports a setting only when its value at
 /// ReadyForQuery differs from the one it reported last), also when that Parse fails in a

@@ -7,7 +7,8 @@
 //!
 //! A failing script is shrunk to a short one that still differs and printed with its seed:
 //! `PGMEMO_DIFF_SEED=<seed> cargo test -p pgmemo --test differential` runs that seed alone,
-//! `PGMEMO_DIFF_SCRIPTS=<n>` runs more scripts than the default.
+//! `PGMEMO_DIFF_SCRIPTS=<n>` runs more scripts than the default, `PGMEMO_DIFF_SKIP=<n>` starts
+//! `n` seeds later (fresh scripts, beyond the ones every run covers).
 
 #[path = "../txn_support/mod.rs"]
 mod txn_support;
@@ -300,7 +301,11 @@ fn seeds(first: u64, default_count: u64) -> Vec<u64> {
         .ok()
         .map(|n| n.parse().expect("PGMEMO_DIFF_SCRIPTS is a number"))
         .unwrap_or(default_count);
-    (first..first + count).collect()
+    let skip: u64 = std::env::var("PGMEMO_DIFF_SKIP")
+        .ok()
+        .map(|n| n.parse().expect("PGMEMO_DIFF_SKIP is a number"))
+        .unwrap_or(0);
+    (first + skip..first + skip + count).collect()
 }
 
 /// Runs scripts from `seeds` through every target; fails with the first shrunk difference

@@ -46,6 +46,11 @@ pub struct ClientState {
     /// for another statement has none (and one whose drop the server skipped keeps its own).
     pub effects: Map<String, (Arc<PreparedStatement>, Arc<Outcome>)>,
     pub unnamed: Option<Unnamed>,
+    /// What a server first said when the client described a statement, by statement id:
+    /// PostgreSQL describes a prepared statement's parameters (and whether it returns rows)
+    /// as they were when it was prepared, without looking at the catalog again, so pgmemo can
+    /// tell the same on a server that lacks the statement where preparing it again fails.
+    pub described: Map<u64, Described>,
     pub parses: u64,
     pub settings: ClientSettings,
     /// Settings whose committed value pgmemo cannot tell (a ROLLBACK TO SAVEPOINT undid some
@@ -56,7 +61,41 @@ pub struct ClientState {
     pub status: TransactionStatus,
 }
 
+/// A statement's description as a server first gave it to the client.
+pub struct Described {
+    /// The ParameterDescription message, whole.
+    pub parameters: Bytes,
+    /// RowDescription (`true`) or NoData came after it; `None` until it has.
+    pub rows: Option<bool>,
+}
+
 impl ClientState {
+    /// Notes a server's answer to the client's Describe of `statement` (its
+    /// ParameterDescription, then `RowDescription` or `NoData`); the first answer stays.
+    pub fn note_description(&mut self, statement: &PreparedStatement, tag: u8, frame: &[u8]) {
+        match tag {
+            wire::backend::tag::PARAMETER_DESCRIPTION => {
+                if self.described.len() > 2 * self.statements.len() + 64 {
+                    // Statements the client no longer names.
+                    let live: std::collections::HashSet<u64, ahash::RandomState> =
+                        self.statements.values().map(|s| s.id).collect();
+                    self.described.retain(|id, _| live.contains(id));
+                }
+                self.described.entry(statement.id).or_insert(Described {
+                    parameters: Bytes::copy_from_slice(frame),
+                    rows: None,
+                });
+            }
+            wire::backend::tag::ROW_DESCRIPTION | wire::backend::tag::NO_DATA => {
+                if let Some(d) = self.described.get_mut(&statement.id) {
+                    d.rows
+                        .get_or_insert(tag == wire::backend::tag::ROW_DESCRIPTION);
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Notes `name` for reading back after the transaction (`verify`), once.
     pub fn read_back_later(&mut self, name: &str) {
         if !self.verify.iter().any(|n| n == name) {
@@ -126,7 +165,8 @@ pub struct Entry {
     /// Forward the server's answers (false: pgmemo's own message; errors still go through).
     pub forward: bool,
     /// pgmemo's own answer (`Expect::Local`), or, on an entry that is `raised`, the error the
-    /// client gets in place of the server's.
+    /// client gets in place of the server's; on pgmemo's Parse of a statement the client
+    /// describes, the ParameterDescription the client gets before that Parse's error.
     pub synthetic: Option<Bytes>,
     /// Per statement of a Query (or the one of an Execute), in order.
     pub outcomes: Vec<Outcome>,
@@ -273,6 +313,10 @@ pub struct Link<'a> {
     /// A client message waits for the answers to batches pipelined before it
     /// (`requests::must_wait`): the server pump wakes the client pump as answers come.
     pub holding: bool,
+    /// A statement of this attachment left the server's settings unknown with values to read
+    /// back (`ClientState::verify`): the next request waits for the server to go back to
+    /// the pool, which reads them first, as the sync before a request would reset them.
+    pub read_back_due: bool,
     pub max_prepared: usize,
     /// The client's messages of the current extended-protocol batch, or the simple Query
     /// that runs a SQL-level prepared statement, kept for a retry.
@@ -439,6 +483,16 @@ impl Link<'_> {
                 .queue
                 .iter()
                 .any(|e| matches!(e.expect, Expect::Sync | Expect::Query))
+    }
+
+    /// Whether the next request must wait for the server to be released (see
+    /// `read_back_due`). Only ever true right after a ReadyForQuery left the server owing
+    /// nothing, while the server pump looks whether it may release it.
+    pub fn waits_for_read_back(&self) -> bool {
+        self.read_back_due
+            && self.server.settings.unknown
+            && !self.client.verify.is_empty()
+            && self.releasable()
     }
 
     /// Every answer the server owes was delivered.

@@ -94,6 +94,7 @@ pub fn client_state(
         tag,
         statements: Map::default(),
         effects: Map::default(),
+        described: Map::default(),
         unnamed: None,
         parses: 0,
         settings: ClientSettings::from_startup(&settings),
@@ -355,9 +356,11 @@ async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
         .collect();
     let sql = format!("SELECT {}", columns.join(", "));
     if !server.session.settings.unknown {
-        // Brought in line with the client's records since the ROLLBACK TO SAVEPOINT (a
-        // request pipelined behind the COMMIT), or another server after a discard: it shows
-        // those records, not what the transaction committed. The records stay as they are.
+        // Brought in line with the client's records since the ROLLBACK TO SAVEPOINT or the
+        // `set_config` (a request pipelined behind them and sent before their answers came;
+        // one held for their answers waits for this read instead, see
+        // `Link::read_back_due`), or another server after a discard: it shows those
+        // records, not what the transaction committed. The records stay as they are.
         tracing::debug!(?names, "settings to read back were synced over");
         return;
     }
@@ -624,6 +627,7 @@ async fn serve_attached(
         mid_batch: false,
         doomed: false,
         holding: false,
+        read_back_due: false,
         max_prepared: opts.max_prepared,
         batch: &mut buffers.batch,
         retry: None,
@@ -795,6 +799,10 @@ impl Pumps<'_, '_> {
             let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
             let mut translated = Ok(false);
             loop {
+                if link.waits_for_read_back() {
+                    link.holding = true;
+                    break;
+                }
                 if requests::batch_hit_in_block(client_buf, &mut link, self.opts.max_message)
                     || requests::pipelined_read(client_buf, &mut link, self.opts.max_message)
                 {
@@ -975,6 +983,10 @@ impl Pumps<'_, '_> {
                     link.retried = true;
                 }
                 loop {
+                    if link.waits_for_read_back() {
+                        link.holding = true;
+                        break;
+                    }
                     if requests::batch_hit_in_block(buf, &mut link, self.opts.max_message)
                         || requests::pipelined_read(buf, &mut link, self.opts.max_message)
                     {

@@ -18,7 +18,7 @@ use super::cache::{Pipelined, TxnCache};
 use super::commands::{
     duplicate, ensure_on, missing, raise_sql, Effect, Outcome, Plan, Planner, Protocol, ServerPrep,
 };
-use super::link::{Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
+use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use crate::cache::plan::Effects;
 use crate::pool::settings::{analysis_switch, sync_sql};
 use crate::pool::{
@@ -80,9 +80,28 @@ pub fn translate(
                 }
                 Target::Statement => {
                     let name = text(name)?;
+                    let recorded = recorded_description(name, link);
+                    if let Some(Described {
+                        parameters,
+                        rows: Some(false),
+                    }) = &recorded
+                    {
+                        // Nothing to analyse again: PostgreSQL answers from what it kept.
+                        let mut answer = BytesMut::with_capacity(parameters.len() + 5);
+                        answer.extend_from_slice(parameters);
+                        answer.extend_from_slice(b"n\0\0\0\x04");
+                        link.queue.push_back(Entry::local(answer.freeze()));
+                        return Ok(true);
+                    }
+                    let parameters = recorded
+                        .filter(|_| !link.may_be_aborted())
+                        .map(|d| d.parameters);
                     let Some(statement) = statement_for_use(name, None, link, out) else {
                         return Ok(false);
                     };
+                    if let (Some(parameters), Some(statement)) = (parameters, &statement) {
+                        before_prep_error(statement, parameters, link);
+                    }
                     match &statement {
                         None => out.extend_from_slice(frame.raw()),
                         Some(statement) => Describe {
@@ -346,6 +365,7 @@ pub(super) fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
         return;
     }
     if let Some(sql) = sync_sql(&link.client.settings, &mut link.server.settings) {
+        tracing::trace!(%sql, "settings brought in line");
         out.extend_from_slice(&frontend::query(&sql));
         link.queue.push_back(Entry::swallow(Expect::Query));
         link.server.unnamed = None;
@@ -856,6 +876,87 @@ fn statement_for_use(
     }
     ensure(&statement, link, out);
     Some(Some(statement))
+}
+
+/// What PostgreSQL would describe the client's statement `name` as without analysing it
+/// again, when the server lacks the statement (a Describe of it then prepares it there
+/// again): what a server first told the client, or else what its Parse fixed (see
+/// [`described_by_parse`]).
+fn recorded_description(name: &str, link: &Link<'_>) -> Option<Described> {
+    if name.is_empty() {
+        return None;
+    }
+    let statement = link.client.statements.get(name)?;
+    if link.server.statements.holds(statement) {
+        return None;
+    }
+    match link.client.described.get(&statement.id) {
+        Some(d) => Some(Described {
+            parameters: d.parameters.clone(),
+            rows: d.rows,
+        }),
+        None => described_by_parse(statement),
+    }
+}
+
+/// A protocol-level statement whose Parse gave every parameter's type, and which is a query
+/// (`SELECT` but not `SELECT INTO`, `VALUES`): its ParameterDescription lists those types
+/// and RowDescription follows.
+fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
+    let (StatementSource::Parse(_), ParamTypes::Oids(types)) =
+        (&statement.create, &statement.key.types)
+    else {
+        return None;
+    };
+    // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
+    if types.contains(&0)
+        || statement
+            .key
+            .settings
+            .contains("standard_conforming_strings")
+    {
+        return None;
+    }
+    let text = &statement.key.text;
+    let count = sql::parameter_count(text, types.len(), sql::ParseOptions::default())?;
+    let analysis = sql::analyze(text).ok()?;
+    let query = matches!(
+        analysis.statements.as_slice(),
+        [one] if (one.kind == StatementKind::Select && !one.select_into)
+            || one.kind == StatementKind::Values
+    );
+    if count != types.len() || !query {
+        return None;
+    }
+    let mut parameters = BytesMut::with_capacity(7 + 4 * types.len());
+    parameters.put_u8(wire::backend::tag::PARAMETER_DESCRIPTION);
+    parameters.put_i32(i32::try_from(6 + 4 * types.len()).ok()?);
+    parameters.put_i16(i16::try_from(types.len()).ok()?);
+    for t in types.iter() {
+        parameters.put_u32(*t);
+    }
+    Some(Described {
+        parameters: parameters.freeze(),
+        rows: Some(true),
+    })
+}
+
+/// A Describe of a statement that returns rows, on a server that lacks it: should preparing
+/// it again fail (its table was dropped, the `search_path` no longer finds it), the client
+/// gets the statement's ParameterDescription before the error, as PostgreSQL sends one
+/// before it finds that out. Not in a block that may be aborted, where PostgreSQL refuses
+/// to describe such a statement at all.
+fn before_prep_error(statement: &Arc<PreparedStatement>, parameters: Bytes, link: &mut Link<'_>) {
+    let prep = link.queue.iter_mut().rev().find(|e| {
+        e.expect == Expect::Parse
+            && !e.forward
+            && e.revert
+                .as_ref()
+                .is_some_and(|r| r.on_server && Arc::ptr_eq(&r.statement, statement))
+    });
+    if let Some(entry) = prep {
+        entry.synthetic = Some(parameters);
+    }
 }
 
 fn ensure(statement: &Arc<PreparedStatement>, link: &mut Link<'_>, out: &mut BytesMut) {

@@ -212,6 +212,12 @@ fn on_message(
                 Some(e) if e.raised => (true, e.synthetic.take()),
                 _ => (false, None),
             };
+            // pgmemo's Parse of a statement the client describes: PostgreSQL describes the
+            // parameters before it finds that the statement no longer analyses.
+            let before = match link.queue.front_mut() {
+                Some(e) if e.expect == Expect::Parse && !e.forward => e.synthetic.take(),
+                _ => None,
+            };
             let retry = note_stale_plan(&frame[5..], link);
             // Before `on_error` drops the entry the error answers.
             let renamed = if retry.is_none() && !raised {
@@ -250,6 +256,11 @@ fn on_message(
             }
             if let Some(instead) = instead {
                 return (Action::Replace(BytesMut::from(&instead[..])), false);
+            }
+            if let Some(before) = before {
+                let mut out = BytesMut::from(&before[..]);
+                out.extend_from_slice(frame);
+                return (Action::Replace(out), false);
             }
             if raised {
                 if let Ok(e) = wire::ErrorResponse::parse(&frame[5..]) {
@@ -393,6 +404,11 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
         }
         return Action::Forward;
     }
+    if entry.expect == Expect::DescribeStatement && entry.forward && !entry.raised {
+        if let Some(statement) = &entry.uses {
+            link.client.note_description(statement, tag, frame);
+        }
+    }
     if (entry.expect, tag)
         == (
             Expect::DescribeStatement,
@@ -461,7 +477,7 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
                 &mut link.client.settings,
                 &mut link.server.settings,
             );
-            verify_later(
+            link.read_back_due |= verify_later(
                 &pending,
                 std::mem::take(&mut link.txn.uncertain),
                 link.client,
@@ -508,6 +524,7 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
             for name in &verify {
                 link.client.read_back_later(name);
             }
+            link.read_back_due |= !verify.is_empty();
         }
         Effect::LocalSetting(name) => link.txn.explained.add(name.as_deref()),
         Effect::Prepared { .. } | Effect::Deallocated(_) | Effect::None | Effect::Raises => {}
@@ -727,7 +744,7 @@ fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
                     &mut link.client.settings,
                     &mut link.server.settings,
                 );
-                verify_later(&txn.pending, txn.uncertain, link.client);
+                link.read_back_due |= verify_later(&txn.pending, txn.uncertain, link.client);
             }
         }
         TransactionStatus::InTransaction if link.txn.rolled_back.is_some() => {
@@ -742,16 +759,19 @@ fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
 }
 
 /// Notes the settings of `committed` for reading back from the server (`uncertain`: a ROLLBACK
-/// TO SAVEPOINT in the transaction may have undone some of them).
-fn verify_later(committed: &[TrackedChange], uncertain: bool, client: &mut ClientState) {
+/// TO SAVEPOINT in the transaction may have undone some of them); says whether it noted any.
+fn verify_later(committed: &[TrackedChange], uncertain: bool, client: &mut ClientState) -> bool {
     if !uncertain {
-        return;
+        return false;
     }
+    let mut noted = false;
     for c in committed {
         if let SettingChange::Set(name, _) | SettingChange::Reset(name) = &c.change {
             client.read_back_later(name);
+            noted = true;
         }
     }
+    noted
 }
 
 /// Reported settings a client can set, and so may keep as its own when code it ran changed
