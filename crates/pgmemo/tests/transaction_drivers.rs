@@ -244,6 +244,50 @@ async fn a_describe_of_a_statement_the_server_lacks_answers_as_postgres_does() {
     same_through_evicting(&direct, &steps).await;
 }
 
+/// A statement parsed again is a new statement to PostgreSQL, analysed and described anew:
+/// after its column's type changed, a Describe tells the new parameter type, not the one
+/// pgmemo kept from describing the old statement of that name.
+#[tokio::test]
+async fn a_statement_parsed_again_is_described_anew() {
+    use Who::A;
+    let t = format!("redescr_{}", std::process::id());
+    let q = |sql: &str| (A, vec![msg::query(sql)]);
+    let upd = format!("UPDATE {t} SET k = $1");
+    let steps = vec![
+        q(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (k int)"
+        )),
+        (
+            A,
+            vec![
+                msg::parse("upd", &upd, &[]),
+                msg::describe(b'S', "upd"),
+                msg::sync(),
+            ],
+        ),
+        q(&format!("ALTER TABLE {t} ALTER k TYPE bigint")),
+        (
+            A,
+            vec![
+                msg::close(b'S', "upd"),
+                msg::parse("upd", &upd, &[]),
+                msg::parse("other", "SELECT 1", &[]),
+                msg::sync(),
+            ],
+        ),
+        (A, vec![msg::describe(b'S', "upd"), msg::sync()]),
+        q(&format!("DROP TABLE {t}")),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    assert!(
+        direct
+            .iter()
+            .any(|l| l == " 4 A| ParameterDescription [20]"),
+        "{direct:#?}"
+    );
+    same_through_evicting(&direct, &steps).await;
+}
+
 /// A `set_config` in the client's own statement changes a setting the server does not
 /// report (`extra_float_digits`): a batch pipelined behind it that must wait for its answer
 /// (a second Parse of the name it just gave) runs under the new value, which stays the

@@ -92,6 +92,7 @@ pub fn answer(
     for (name, statement) in plan {
         match statement {
             Some(statement) => {
+                state.described.remove(&statement.id);
                 state.statements.insert(name, statement);
                 out.extend_from_slice(&super::requests::parse_complete());
             }

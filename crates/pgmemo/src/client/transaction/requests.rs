@@ -94,7 +94,7 @@ pub fn translate(
                         return Ok(true);
                     }
                     let parameters = recorded
-                        .filter(|_| !link.may_be_aborted())
+                        .filter(|d| d.rows == Some(true) && !link.may_be_aborted())
                         .map(|d| d.parameters);
                     let Some(statement) = statement_for_use(name, None, link, out) else {
                         return Ok(false);
@@ -664,6 +664,10 @@ fn parse(
     link.client
         .statements
         .insert(name.clone(), statement.clone());
+    // A new statement in PostgreSQL's eyes, analysed anew: described anew too.
+    if !link.client.described.is_empty() {
+        link.client.described.remove(&statement.id);
+    }
     if let Some(outcome) = outcome {
         link.client
             .effects
