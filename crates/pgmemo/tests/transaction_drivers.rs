@@ -212,28 +212,42 @@ async fn a_describe_of_a_statement_the_server_lacks_answers_as_postgres_does() {
             false,
         ),
         prepare("one", "SELECT 1 AS one", &[], false),
+        prepare("tx", "RELEASE SAVEPOINT sp", &[], false),
         q("BEGIN"),
         q("SELECT 1/0"),
         describe("upd"),
         describe("sel"),
+        describe("tx"),
         q("ROLLBACK"),
         q(&format!("DROP TABLE {t}")),
         describe("sel"),
         describe("upd"),
-        describe("typed"),
+        // Behind a batch that runs nothing, the server cannot be in an aborted block.
+        (
+            A,
+            vec![
+                msg::parse("fresh", "SELECT 3", &[]),
+                msg::sync(),
+                msg::describe(b'S', "typed"),
+                msg::sync(),
+            ],
+        ),
         describe("one"),
     ];
     let direct = run_script(LocalPostgres::PORT, &steps).await;
     let expected = [
-        " 7 A| ParameterDescription [23]",
-        " 7 A| NoData",
-        " 8 A| Error ERROR 25P02",
-        "11 A| ParameterDescription [23]",
-        "11 A| Error ERROR 42P01",
-        "12 A| NoData",
+        " 8 A| ParameterDescription [23]",
+        " 8 A| NoData",
+        " 9 A| Error ERROR 25P02",
+        "10 A| ParameterDescription []",
+        "10 A| NoData",
         "13 A| ParameterDescription [23]",
         "13 A| Error ERROR 42P01",
-        "14 A| RowDescription [one:23]",
+        "14 A| NoData",
+        "15 A| ParseComplete",
+        "15 A| ParameterDescription [23]",
+        "15 A| Error ERROR 42P01",
+        "16 A| RowDescription [one:23]",
     ];
     for line in expected {
         assert!(

@@ -474,15 +474,24 @@ impl Link<'_> {
 
     /// Whether the server may be in an aborted transaction block when it reaches the next
     /// message: the client's block is (as of its last ReadyForQuery), or a request queued
-    /// ahead (a Query, a batch ended by Sync) may leave it so. An error earlier in the same
+    /// ahead (a Query, a batch ended by Sync) may leave it so. From outside a block, only a
+    /// request that runs a statement (a `BEGIN`) can: batches of Parse, Bind, Describe and
+    /// Close alone leave the server as idle as they found it. An error earlier in the same
     /// batch needs no care: the server then skips the message.
     pub fn may_be_aborted(&self) -> bool {
-        self.client.status == TransactionStatus::Failed
-            || self.plain.is_some()
-            || self
-                .queue
-                .iter()
-                .any(|e| matches!(e.expect, Expect::Sync | Expect::Query))
+        if self.client.status == TransactionStatus::Failed || self.plain.is_some() {
+            return true;
+        }
+        let (mut ends, mut runs) = (false, false);
+        for e in self.queue.iter() {
+            match e.expect {
+                Expect::Query => return true,
+                Expect::Sync => ends = true,
+                Expect::Execute => runs = true,
+                _ => {}
+            }
+        }
+        ends && (runs || self.client.status != TransactionStatus::Idle)
     }
 
     /// Whether the next request must wait for the server to be released (see

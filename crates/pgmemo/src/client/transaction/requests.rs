@@ -903,9 +903,9 @@ fn recorded_description(name: &str, link: &Link<'_>) -> Option<Described> {
     }
 }
 
-/// A protocol-level statement whose Parse gave every parameter's type, and which is a query
-/// (`SELECT` but not `SELECT INTO`, `VALUES`): its ParameterDescription lists those types
-/// and RowDescription follows.
+/// A protocol-level statement whose Parse gave every parameter's type (or that has none):
+/// its ParameterDescription lists those types, and whether RowDescription or NoData follows
+/// shows in its text (`sql::returns_rows`).
 fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
     let (StatementSource::Parse(_), ParamTypes::Oids(types)) =
         (&statement.create, &statement.key.types)
@@ -922,16 +922,11 @@ fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
         return None;
     }
     let text = &statement.key.text;
-    let count = sql::parameter_count(text, types.len(), sql::ParseOptions::default())?;
-    let analysis = sql::analyze(text).ok()?;
-    let query = matches!(
-        analysis.statements.as_slice(),
-        [one] if (one.kind == StatementKind::Select && !one.select_into)
-            || one.kind == StatementKind::Values
-    );
-    if count != types.len() || !query {
+    let options = sql::ParseOptions::default();
+    if sql::parameter_count(text, types.len(), options)? != types.len() {
         return None;
     }
+    let rows = sql::returns_rows(text, options)?;
     let mut parameters = BytesMut::with_capacity(7 + 4 * types.len());
     parameters.put_u8(wire::backend::tag::PARAMETER_DESCRIPTION);
     parameters.put_i32(i32::try_from(6 + 4 * types.len()).ok()?);
@@ -941,7 +936,7 @@ fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
     }
     Some(Described {
         parameters: parameters.freeze(),
-        rows: Some(true),
+        rows: Some(rows),
     })
 }
 
