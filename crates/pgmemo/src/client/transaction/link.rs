@@ -475,8 +475,9 @@ impl Link<'_> {
     /// Whether the server may be in an aborted transaction block when it reaches the next
     /// message: the client's block is (as of its last ReadyForQuery), or a request queued
     /// ahead (a Query, a batch ended by Sync) may leave it so. From outside a block, only a
-    /// request that runs a statement (a `BEGIN`) can: batches of Parse, Bind, Describe and
-    /// Close alone leave the server as idle as they found it. An error earlier in the same
+    /// request of the client's that runs a statement (a `BEGIN`) can: batches of Parse,
+    /// Bind, Describe and Close alone, and pgmemo's own settings Query, leave the server as
+    /// idle as they found it. An error earlier in the same
     /// batch needs no care: the server then skips the message.
     pub fn may_be_aborted(&self) -> bool {
         if self.client.status == TransactionStatus::Failed || self.plain.is_some() {
@@ -485,7 +486,9 @@ impl Link<'_> {
         let (mut ends, mut runs) = (false, false);
         for e in self.queue.iter() {
             match e.expect {
-                Expect::Query => return true,
+                Expect::Query if e.forward => return true,
+                // pgmemo's own (the client's settings brought in line) starts no block.
+                Expect::Query => ends = true,
                 Expect::Sync => ends = true,
                 Expect::Execute => runs = true,
                 _ => {}
