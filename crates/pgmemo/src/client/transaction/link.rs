@@ -477,8 +477,8 @@ impl Link<'_> {
     /// ahead (a Query, a batch ended by Sync) may leave it so. From outside a block, only a
     /// request of the client's that runs a statement (a `BEGIN`) can: batches of Parse,
     /// Bind, Describe and Close alone, and pgmemo's own settings Query, leave the server as
-    /// idle as they found it. An error earlier in the same
-    /// batch needs no care: the server then skips the message.
+    /// idle as they found it. An error earlier in the same batch needs no care: the server
+    /// then skips the message.
     pub fn may_be_aborted(&self) -> bool {
         if self.client.status == TransactionStatus::Failed || self.plain.is_some() {
             return true;
