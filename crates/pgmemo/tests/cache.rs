@@ -41,6 +41,43 @@ async fn a_portal_bound_before_its_statement_was_replaced_runs_what_it_was_bound
     assert_eq!(first(&c, q).await.as_deref(), Some("rebound"));
 }
 
+/// A Parse of a name in use under another text fails with 42P05 and the server keeps the
+/// old statement: a later Bind of the name (its BindComplete says only that the name exists)
+/// runs the old statement, a write, which is neither answered from the cache nor stored as
+/// the refused text's result.
+#[tokio::test]
+async fn a_refused_parse_does_not_make_its_text_the_names_statement() {
+    let (_pg, memo, direct) = setup().await;
+    let mut r = raw::Raw::connect(memo.addr()).await;
+    let run = [raw::bind_named("s", &[]), raw::execute(), raw::sync()];
+    r.round_trip(&[
+        raw::parse_named("s", "DELETE FROM t WHERE id = 100", &[]),
+        raw::sync(),
+    ])
+    .await;
+    let (tags, _) = r
+        .round_trip(&[
+            raw::parse_named("s", "SELECT count(*) FROM t", &[]),
+            raw::sync(),
+        ])
+        .await;
+    assert!(tags.contains(&'E'), "42P05 expected: {tags:?}");
+    for _ in 0..3 {
+        direct
+            .batch_execute("INSERT INTO t (id, v) VALUES (100, 'again')")
+            .await
+            .unwrap();
+        let (tags, _) = r.round_trip(&run).await;
+        assert!(!tags.contains(&'E'), "{tags:?}");
+        let left = direct
+            .query_one("SELECT count(*) FROM t WHERE id = 100", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        assert_eq!(left, 0, "the DELETE ran");
+    }
+}
+
 /// A parameter declared `unknown` (OID 705) is resolved by the server as one left
 /// unspecified (0): a hit answers the batch's Describe with the server's types, not with the
 /// declared ones.

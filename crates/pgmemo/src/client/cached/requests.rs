@@ -742,11 +742,14 @@ impl Requests<'_> {
     }
 
     /// A Bind of `portal` to `statement` goes to the server: its BindComplete confirms the
-    /// statement in today's plans epoch (see `session::Confirmed`), and the portal runs the
+    /// statement (unless it is in doubt) in today's plans epoch (see `session::Confirmed`), and the portal runs the
     /// statement as pgmemo knows it now, whatever later takes its name.
     fn bind_sent(&self, portal: &[u8], statement: &[u8], pump: &mut Pump) {
         let st = self.session.statements.get(statement);
-        if let Some(st) = st {
+        // A BindComplete shows that the server has a statement of that name, not which: one
+        // in doubt (a Parse of another text under its name, which the server may have
+        // refused with 42P05, keeping the old one) is confirmed only by its ParseComplete.
+        if let Some(st) = st.filter(|st| !st.in_doubt()) {
             let epoch = self.session.db.plans_epoch();
             pump.confirms
                 .binds
