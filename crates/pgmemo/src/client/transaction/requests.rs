@@ -89,7 +89,7 @@ pub fn translate(
                         // Nothing to analyse again: PostgreSQL answers from what it kept.
                         let mut answer = BytesMut::with_capacity(parameters.len() + 5);
                         answer.extend_from_slice(parameters);
-                        answer.extend_from_slice(b"n\0\0\0\x04");
+                        answer.extend_from_slice(&no_data());
                         link.queue.push_back(Entry::local(answer.freeze()));
                         return Ok(true);
                     }
@@ -927,13 +927,12 @@ fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
         return None;
     }
     let rows = sql::returns_rows(text, options)?;
-    let mut parameters = BytesMut::with_capacity(7 + 4 * types.len());
-    parameters.put_u8(wire::backend::tag::PARAMETER_DESCRIPTION);
-    parameters.put_i32(i32::try_from(6 + 4 * types.len()).ok()?);
-    parameters.put_i16(i16::try_from(types.len()).ok()?);
-    for t in types.iter() {
-        parameters.put_u32(*t);
+    // A Parse holds at most 65535 types (an Int16 count), as ParameterDescription does.
+    let mut parameters = BytesMut::new();
+    wire::backend::ParameterDescription {
+        types: types.to_vec(),
     }
+    .encode(&mut parameters);
     Some(Described {
         parameters: parameters.freeze(),
         rows: Some(rows),
@@ -1237,6 +1236,11 @@ fn encode_parse(name: &str, sql: &str, types: &[u32]) -> Bytes {
 /// ParseComplete, for a Parse pgmemo answers itself.
 pub(super) fn parse_complete() -> Bytes {
     Bytes::from_static(b"1\0\0\0\x04")
+}
+
+/// NoData, for a Describe pgmemo answers itself.
+fn no_data() -> Bytes {
+    Bytes::from_static(b"n\0\0\0\x04")
 }
 
 /// CloseComplete, for a Close pgmemo answers itself.
