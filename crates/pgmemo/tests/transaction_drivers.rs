@@ -496,6 +496,61 @@ async fn a_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else()
     drop_table(&t).await;
 }
 
+/// The same for the client's unnamed statement, on a server whose unnamed statement is
+/// another client's: a wrong count is 08P01 (naming the statement `""`) in an aborted block
+/// and under a `search_path` that finds no table, where preparing it there again would fail
+/// first. Statements run by name, as a simple Query would drop the unnamed statement.
+#[tokio::test]
+async fn an_unnamed_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else() {
+    use Who::{A, B};
+    let t = create_table("ubindcount", "(k int)").await;
+    let parse = |who, name: &str, sql: &str| (who, vec![msg::parse(name, sql, &[]), msg::sync()]);
+    let run = |who, name: &str, params: &[Option<&str>]| {
+        (
+            who,
+            vec![
+                msg::bind("", name, params),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        )
+    };
+    let steps = vec![
+        parse(A, "begin", "BEGIN"),
+        parse(A, "fail", "SELECT 1/0"),
+        parse(A, "rollback", "ROLLBACK"),
+        parse(A, "hide", "SET search_path = pg_catalog"),
+        parse(A, "show", "RESET search_path"),
+        parse(A, "", "SELECT $1::int"),
+        parse(B, "", "SELECT 2"),
+        run(A, "begin", &[]),
+        run(A, "fail", &[]),
+        run(A, "", &[]),
+        run(A, "", &[Some("1")]),
+        run(A, "rollback", &[]),
+        parse(A, "", &format!("SELECT count(*) FROM {t} WHERE k = $1")),
+        parse(B, "", "SELECT 3"),
+        run(A, "hide", &[]),
+        run(A, "", &[]),
+        run(A, "", &[Some("1")]),
+        run(A, "show", &[]),
+        run(A, "", &[Some("1")]),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    let count = |code: &str| transcript.iter().filter(|l| l.contains(code)).count();
+    assert_eq!(
+        (count("08P01"), count("25P02"), count("42P01")),
+        (2, 1, 1),
+        "{transcript:#?}"
+    );
+    let line = "bind message supplies 0 parameters, but prepared statement \"\" requires 1";
+    assert!(
+        transcript.iter().any(|l| l.ends_with(line)),
+        "{transcript:#?}"
+    );
+    drop_table(&t).await;
+}
+
 /// Settings that a transaction undoes stay undone for their client and never reach another:
 /// a SET in an implicit transaction that fails, a SET rolled back to a savepoint (in one
 /// Query and message by message), a SET before a savepoint that is rolled back (kept), a SET

@@ -793,12 +793,39 @@ fn bind_count_error(
     let ParamTypes::Oids(types) = &statement.key.types else {
         return None;
     };
+    count_error(
+        name,
+        &statement.key.text,
+        types,
+        &statement.key.settings,
+        tail,
+    )
+}
+
+/// [`bind_count_error`] for the client's unnamed statement, when the server lacks it.
+fn unnamed_bind_count_error(link: &Link<'_>, tail: &[u8]) -> Option<ErrorResponse> {
+    let unnamed = link.client.unnamed.as_ref()?;
+    if link.server.unnamed == Some((link.client.tag, unnamed.seq)) {
+        return None;
+    }
+    let parse = Parse::decode(unnamed.parse.slice(5..)).ok()?;
+    let text = std::str::from_utf8(&parse.query).ok()?;
+    let settings = link.client.settings.parse_digest();
+    count_error("", text, &parse.param_types, settings, tail)
+}
+
+/// The count checks of [`bind_count_error`] for the statement `name` with `text`, the
+/// parameter `types` its Parse gave and the parse `settings` (`StatementKey::settings`) it
+/// was read under.
+fn count_error(
+    name: &str,
+    text: &str,
+    types: &[u32],
+    settings: &str,
+    tail: &[u8],
+) -> Option<ErrorResponse> {
     // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
-    if statement
-        .key
-        .settings
-        .contains("standard_conforming_strings")
-    {
+    if settings.contains("standard_conforming_strings") {
         return None;
     }
     let count_at = |at: usize| {
@@ -813,11 +840,7 @@ fn bind_count_error(
             format!("bind message has {formats} parameter formats but {params} parameters"),
         ));
     }
-    let required = sql::parameter_count(
-        &statement.key.text,
-        types.len(),
-        sql::ParseOptions::default(),
-    )?;
+    let required = sql::parameter_count(text, types.len(), sql::ParseOptions::default())?;
     (params != required).then(|| {
         ErrorResponse::error(
             PROTOCOL_VIOLATION,
@@ -865,6 +888,10 @@ fn statement_for_use(
     out: &mut BytesMut,
 ) -> Option<Option<Arc<PreparedStatement>>> {
     if name.is_empty() {
+        if let Some(e) = bind.and_then(|tail| unnamed_bind_count_error(link, tail)) {
+            emit_refusal(&e, link, out);
+            return None;
+        }
         restore_unnamed(link, out);
         return Some(None);
     }
