@@ -308,6 +308,58 @@ async fn a_statement_parsed_again_is_described_anew() {
     same_through_evicting(&direct, &steps).await;
 }
 
+/// A statement whose Parse left its parameter types to the server keeps the types resolved
+/// then, as in PostgreSQL, also on a server that lacks it: after its column became bigint a
+/// value too large for an integer is refused (22003), and under a `search_path` that no
+/// longer finds its function the error names the resolved type (`f(integer)`, not
+/// `f(unknown)`). `max_prepared_statements` = 1 makes the server lack them.
+#[tokio::test]
+async fn a_statement_prepared_again_keeps_the_parameter_types_resolved_first() {
+    use Who::A;
+    let t = format!("resolved_{}", std::process::id());
+    let q = |sql: &str| (A, vec![msg::query(sql)]);
+    let parse = |name: &str, sql: &str| (A, vec![msg::parse(name, sql, &[]), msg::sync()]);
+    let run = |name: &str, params: &[Option<&str>]| {
+        (
+            A,
+            vec![
+                msg::bind("", name, params),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        )
+    };
+    let steps = vec![
+        q(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (k int); \
+             CREATE OR REPLACE FUNCTION {t}_f(int) RETURNS int LANGUAGE sql AS 'SELECT $1'"
+        )),
+        parse("upd", &format!("UPDATE {t} SET k = $1")),
+        parse("call", &format!("SELECT {t}_f($1) AS f")),
+        parse("other", "SELECT 1"),
+        q(&format!("ALTER TABLE {t} ALTER k TYPE bigint")),
+        run("upd", &[Some("5000000000")]),
+        run("upd", &[Some("5")]),
+        run("call", &[Some("5")]),
+        parse("other2", "SELECT 2"),
+        q("SET search_path = pg_catalog"),
+        run("call", &[Some("5")]),
+        q("RESET search_path"),
+        q(&format!("DROP TABLE {t}; DROP FUNCTION {t}_f(int)")),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    for line in [
+        "22003: value \"5000000000\" is out of range for type integer",
+        &format!("42883: function {t}_f(integer) does not exist"),
+    ] {
+        assert!(
+            direct.iter().any(|l| l.contains(line)),
+            "{line}: {direct:#?}"
+        );
+    }
+    same_through_evicting(&direct, &steps).await;
+}
+
 /// A `set_config` in the client's own statement changes a setting the server does not
 /// report (`extra_float_digits`): a batch pipelined behind it that must wait for its answer
 /// (a second Parse of the name it just gave) runs under the new value, which stays the

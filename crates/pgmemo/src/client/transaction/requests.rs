@@ -716,10 +716,28 @@ fn parse(
         unreachable!("protocol-level statements are created with Parse")
     };
     out.extend_from_slice(create);
+    let learn = statement.clone();
     let mut entry = Entry::forward(Expect::Parse);
     entry.revert = revert(statement, !held);
     link.queue.push_back(entry);
+    learn_types(learn, link, out);
     Ok(false)
+}
+
+/// Describes the statement a client's Parse just created on the server, answer swallowed and
+/// noted as the client's description of it (`ClientState::described`): the parameter types
+/// the server resolved are those PostgreSQL keeps for the statement, which preparing it
+/// again on another server must give ([`create_parse`]). Skipped with the Parse should it
+/// fail.
+fn learn_types(statement: Arc<PreparedStatement>, link: &mut Link<'_>, out: &mut BytesMut) {
+    Describe {
+        target: Target::Statement,
+        name: Bytes::from(statement.name.clone()),
+    }
+    .encode(out);
+    let mut entry = Entry::swallow(Expect::DescribeStatement);
+    entry.uses = Some(statement);
+    link.queue.push_back(entry);
 }
 
 fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), WireError> {
@@ -1100,7 +1118,8 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                 });
                 match &statement.create {
                     StatementSource::Parse(parse) => {
-                        out.extend_from_slice(parse);
+                        let parse = create_parse(statement, parse, link);
+                        out.extend_from_slice(&parse);
                         let mut entry = Entry::swallow(Expect::Parse);
                         entry.revert = Some(revert);
                         link.queue.push_back(entry);
@@ -1118,6 +1137,29 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
         let mut sync = Entry::swallow(Expect::Sync);
         sync.holds_error = true;
         link.queue.push_back(sync);
+    }
+}
+
+/// The Parse (`parse`, the statement's own) that prepares the client's `statement` again on
+/// a server that lacks it: with the parameter types a server described to the client
+/// ([`learn_types`]) where the client's Parse left some to the server. PostgreSQL keeps
+/// those types for good and analyses the statement again with them after a `search_path`
+/// change or DDL (`function f(integer) does not exist`), where a Parse that leaves them
+/// open would resolve them anew.
+fn create_parse(statement: &PreparedStatement, parse: &Bytes, link: &Link<'_>) -> Bytes {
+    const UNKNOWN_OID: u32 = 705;
+    let ParamTypes::Oids(given) = &statement.key.types else {
+        return parse.clone();
+    };
+    let described =
+        link.client.described.get(&statement.id).and_then(|d| {
+            wire::backend::ParameterDescription::decode(d.parameters.slice(5..)).ok()
+        });
+    match described {
+        Some(d) if *d.types != **given && !d.types.iter().any(|&t| t == 0 || t == UNKNOWN_OID) => {
+            encode_parse(&statement.name, &statement.key.text, &d.types)
+        }
+        _ => parse.clone(),
     }
 }
 

@@ -404,7 +404,8 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
         }
         return Action::Forward;
     }
-    if entry.expect == Expect::DescribeStatement && entry.forward && !entry.raised {
+    // The client's Describe, or pgmemo's behind the client's Parse (`learn_types`).
+    if entry.expect == Expect::DescribeStatement && !entry.raised {
         if let Some(statement) = &entry.uses {
             link.client.note_description(statement, tag, frame);
         }
