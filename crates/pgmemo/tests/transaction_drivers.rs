@@ -360,6 +360,53 @@ async fn a_statement_prepared_again_keeps_the_parameter_types_resolved_first() {
     same_through_evicting(&direct, &steps).await;
 }
 
+/// A statement prepared after a `SET` earlier in its Query or open transaction is analysed
+/// under the value that `SET` gave, also when pgmemo prepares it again on a server that lacks
+/// it: `'2020-01-01 12:00'::timestamptz` stays noon in Tokyo. SQL-level and protocol-level;
+/// B's statement of the same text, prepared under the server's TimeZone, is not A's.
+/// `max_prepared_statements` = 1 makes the server lack them.
+#[tokio::test]
+async fn a_statement_prepared_after_a_set_in_its_transaction_keeps_that_reading() {
+    use Who::{A, B};
+    let q = |who, sql: &str| (who, vec![msg::query(sql)]);
+    let noon = "SELECT '2020-01-01 12:00'::timestamptz AS t";
+    let run = |who, name: &str| {
+        (
+            who,
+            vec![msg::bind("", name, &[]), msg::execute("", 0), msg::sync()],
+        )
+    };
+    let steps = vec![
+        q(
+            A,
+            &format!("SET TimeZone = 'Asia/Tokyo'; PREPARE q3 AS {noon}"),
+        ),
+        q(A, "PREPARE other AS SELECT 1"),
+        q(A, "EXECUTE q3"),
+        (B, vec![msg::parse("s1", noon, &[]), msg::sync()]),
+        q(A, "RESET TimeZone"),
+        q(A, "BEGIN"),
+        q(A, "SET TimeZone = 'Asia/Tokyo'"),
+        (A, vec![msg::parse("s1", noon, &[]), msg::sync()]),
+        run(A, "s1"),
+        q(A, "COMMIT"),
+        (A, vec![msg::parse("s2", "SELECT 2", &[]), msg::sync()]),
+        run(A, "s1"),
+        run(B, "s1"),
+    ];
+    let direct = run_script(LocalPostgres::PORT, &steps).await;
+    assert!(
+        direct
+            .iter()
+            .filter(|l| l.contains("DataRow [2020-01-01 12:00:00+09]"))
+            .count()
+            == 3,
+        "{direct:#?}"
+    );
+    same_as_postgres(&steps).await;
+    same_through_evicting(&direct, &steps).await;
+}
+
 /// A `set_config` in the client's own statement changes a setting the server does not
 /// report (`extra_float_digits`): a batch pipelined behind it that must wait for its answer
 /// (a second Parse of the name it just gave) runs under the new value, which stays the

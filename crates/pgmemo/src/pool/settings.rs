@@ -85,6 +85,22 @@ impl ClientSettings {
         self.overrides.get(name).or_else(|| self.startup.get(name))
     }
 
+    /// The [`Self::parse_digest`] these settings would have with `changes` applied: what a
+    /// statement prepared in an open transaction after those `SET`s is analysed under.
+    pub fn parse_digest_with(&self, changes: &[TrackedChange]) -> Arc<str> {
+        let mut then = ClientSettings {
+            startup: self.startup.clone(),
+            overrides: self.overrides.clone(),
+            version: self.version,
+            digest: self.digest.clone(),
+            parse_digest: self.parse_digest.clone(),
+        };
+        for c in changes {
+            then.apply(&c.change);
+        }
+        then.parse_digest
+    }
+
     fn apply(&mut self, change: &SettingChange) {
         self.version += 1;
         match change {
@@ -289,6 +305,12 @@ fn in_step(client: &ClientSettings, server: &ServerSettings) -> bool {
     }
 }
 
+/// `StatementKey::settings` of a statement prepared under analysis settings pgmemo cannot
+/// tell (after a `SET` earlier in the same Query, or a `SET LOCAL` in the open transaction):
+/// never shared, and prepared again under the settings in force then ([`analysis_switch`]
+/// gives no switch). Never a digest, which is empty or starts with a length.
+pub const UNKNOWN_PARSE_SETTINGS: &str = "?";
+
 /// The `DO` blocks that set a server's analysis settings ([`PARSE_SETTINGS`]) to those a
 /// statement was first prepared under (`prepared_under`, its `StatementKey::settings`) and
 /// back to the client's, around pgmemo preparing it again on a server that lacks it: PostgreSQL
@@ -300,7 +322,7 @@ fn in_step(client: &ClientSettings, server: &ServerSettings) -> bool {
 /// preparing it under the client's current settings gives. Also `None` for a value that
 /// would end the block early (it then reads under the current settings, as before).
 pub fn analysis_switch(prepared_under: &str, client: &ClientSettings) -> Option<(String, String)> {
-    if prepared_under == &*client.parse_digest {
+    if prepared_under == &*client.parse_digest || prepared_under == UNKNOWN_PARSE_SETTINGS {
         return None;
     }
     let then = digest_entries(prepared_under)?;
@@ -524,6 +546,27 @@ mod tests {
         );
         assert_eq!(analysis_switch(&utc, &a), None);
         assert_eq!(analysis_switch("garbage", &a), None);
+        assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, &a), None);
+    }
+
+    #[test]
+    fn the_digest_with_pending_changes_is_the_digest_after_their_commit() {
+        let mut a = ClientSettings::from_startup(&[]);
+        let mut server = ServerSettings::default();
+        let changes = [
+            set("timezone", "SET timezone TO 'Asia/Tokyo'"),
+            set("application_name", "SET application_name TO 'x'"),
+        ];
+        let before = a.parse_digest().clone();
+        let with = a.parse_digest_with(&changes);
+        assert_ne!(with, before);
+        assert_eq!(
+            a.parse_digest(),
+            &before,
+            "the settings themselves are unchanged"
+        );
+        commit(&changes, &mut a, &mut server);
+        assert_eq!(a.parse_digest(), &with);
     }
 
     #[test]

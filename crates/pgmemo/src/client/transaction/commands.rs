@@ -14,6 +14,7 @@ use wire::ErrorResponse;
 use crate::hash::Map;
 use crate::pool::settings::{
     quote_literal, set_raw_in_block, set_sql, ClientSettings, SettingChange, TrackedChange,
+    UNKNOWN_PARSE_SETTINGS,
 };
 use crate::pool::{
     ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
@@ -308,7 +309,11 @@ impl Planner<'_> {
                 let key = StatementKey {
                     text: statement.text.as_str().into(),
                     types: ParamTypes::Sql(param_types.clone().into_boxed_slice()),
-                    settings: self.startup.parse_digest().clone(),
+                    settings: if self.settings_changed {
+                        Arc::from(UNKNOWN_PARSE_SETTINGS)
+                    } else {
+                        self.startup.parse_digest().clone()
+                    },
                 };
                 let types = if param_types.is_empty() {
                     String::new()

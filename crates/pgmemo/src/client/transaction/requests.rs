@@ -20,7 +20,7 @@ use super::commands::{
 };
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use crate::cache::plan::Effects;
-use crate::pool::settings::{analysis_switch, sync_sql};
+use crate::pool::settings::{analysis_switch, sync_sql, UNKNOWN_PARSE_SETTINGS};
 use crate::pool::{
     ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
 };
@@ -653,14 +653,30 @@ fn parse(
     let final_sql = sql
         .as_deref()
         .unwrap_or(std::str::from_utf8(&msg.query).unwrap_or_default());
+    // The settings the server analyses it under: the committed ones, unless a SET earlier in
+    // the open transaction changed them (a SET LOCAL's value, or which of the SETs a ROLLBACK
+    // TO SAVEPOINT undid, pgmemo cannot tell: such a statement is never shared).
+    let txn = &link.txn;
+    let settings = if txn.explained.any() || txn.uncertain {
+        Arc::from(UNKNOWN_PARSE_SETTINGS)
+    } else if !txn.pending.is_empty() {
+        link.client.settings.parse_digest_with(&txn.pending)
+    } else {
+        link.client.settings.parse_digest().clone()
+    };
     let key = StatementKey {
         text: final_sql.into(),
         types: ParamTypes::Oids(msg.param_types.clone().into_boxed_slice()),
-        settings: link.client.settings.parse_digest().clone(),
+        settings,
     };
-    let statement = registry.get_or_register(key, |server_name| {
+    let create = |server_name: &str| {
         StatementSource::Parse(encode_parse(server_name, final_sql, &msg.param_types))
-    });
+    };
+    let statement = if &*key.settings == UNKNOWN_PARSE_SETTINGS {
+        registry.register_unshared(key, create)
+    } else {
+        registry.get_or_register(key, create)
+    };
     link.client
         .statements
         .insert(name.clone(), statement.clone());
@@ -843,7 +859,7 @@ fn count_error(
     tail: &[u8],
 ) -> Option<ErrorResponse> {
     // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
-    if settings.contains("standard_conforming_strings") {
+    if settings.contains("standard_conforming_strings") || settings == UNKNOWN_PARSE_SETTINGS {
         return None;
     }
     let count_at = |at: usize| {
@@ -958,11 +974,10 @@ fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
         return None;
     };
     // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
+    let settings = &*statement.key.settings;
     if types.contains(&0)
-        || statement
-            .key
-            .settings
-            .contains("standard_conforming_strings")
+        || settings.contains("standard_conforming_strings")
+        || settings == UNKNOWN_PARSE_SETTINGS
     {
         return None;
     }
