@@ -319,16 +319,7 @@ async fn a_statement_prepared_again_keeps_the_parameter_types_resolved_first() {
     let t = format!("resolved_{}", std::process::id());
     let q = |sql: &str| (A, vec![msg::query(sql)]);
     let parse = |name: &str, sql: &str| (A, vec![msg::parse(name, sql, &[]), msg::sync()]);
-    let run = |name: &str, params: &[Option<&str>]| {
-        (
-            A,
-            vec![
-                msg::bind("", name, params),
-                msg::execute("", 0),
-                msg::sync(),
-            ],
-        )
-    };
+    let run = |name: &str, params: &[Option<&str>]| (A, exec(name, params));
     let steps = vec![
         q(&format!(
             "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (k int); \
@@ -370,12 +361,7 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_keeps_that_reading(
     use Who::{A, B};
     let q = |who, sql: &str| (who, vec![msg::query(sql)]);
     let noon = "SELECT '2020-01-01 12:00'::timestamptz AS t";
-    let run = |who, name: &str| {
-        (
-            who,
-            vec![msg::bind("", name, &[]), msg::execute("", 0), msg::sync()],
-        )
-    };
+    let run = |who, name: &str| (who, exec(name, &[]));
     let steps = vec![
         q(
             A,
@@ -604,16 +590,7 @@ async fn an_unnamed_bind_with_the_wrong_parameter_count_is_told_so_before_anythi
     use Who::{A, B};
     let t = create_table("ubindcount", "(k int)").await;
     let parse = |who, name: &str, sql: &str| (who, vec![msg::parse(name, sql, &[]), msg::sync()]);
-    let run = |who, name: &str, params: &[Option<&str>]| {
-        (
-            who,
-            vec![
-                msg::bind("", name, params),
-                msg::execute("", 0),
-                msg::sync(),
-            ],
-        )
-    };
+    let run = |who, name: &str, params: &[Option<&str>]| (who, exec(name, params));
     let steps = vec![
         parse(A, "begin", "BEGIN"),
         parse(A, "fail", "SELECT 1/0"),

@@ -30,7 +30,7 @@ pub struct TrackedChange {
 
 /// What one client has set: its startup parameters (the session defaults `RESET` returns to)
 /// and its later `SET`s.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ClientSettings {
     startup: BTreeMap<String, String>,
     overrides: BTreeMap<String, String>,
@@ -88,13 +88,7 @@ impl ClientSettings {
     /// The [`Self::parse_digest`] these settings would have with `changes` applied: what a
     /// statement prepared in an open transaction after those `SET`s is analysed under.
     pub fn parse_digest_with(&self, changes: &[TrackedChange]) -> Arc<str> {
-        let mut then = ClientSettings {
-            startup: self.startup.clone(),
-            overrides: self.overrides.clone(),
-            version: self.version,
-            digest: self.digest.clone(),
-            parse_digest: self.parse_digest.clone(),
-        };
+        let mut then = self.clone();
         for c in changes {
             then.apply(&c.change);
         }
@@ -310,6 +304,14 @@ fn in_step(client: &ClientSettings, server: &ServerSettings) -> bool {
 /// never shared, and prepared again under the settings in force then ([`analysis_switch`]
 /// gives no switch). Never a digest, which is empty or starts with a length.
 pub const UNKNOWN_PARSE_SETTINGS: &str = "?";
+
+/// A statement prepared under `parse_digest` (a `StatementKey::settings`) lexes its text as
+/// under PostgreSQL's defaults: `standard_conforming_strings` was not changed (and the
+/// settings are known), so pgmemo may read the text itself (parameter counts, whether it
+/// returns rows).
+pub fn lexes_as_default(parse_digest: &str) -> bool {
+    parse_digest != UNKNOWN_PARSE_SETTINGS && !parse_digest.contains("standard_conforming_strings")
+}
 
 /// The `DO` blocks that set a server's analysis settings ([`PARSE_SETTINGS`]) to those a
 /// statement was first prepared under (`prepared_under`, its `StatementKey::settings`) and

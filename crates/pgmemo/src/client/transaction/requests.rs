@@ -20,7 +20,7 @@ use super::commands::{
 };
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use crate::cache::plan::Effects;
-use crate::pool::settings::{analysis_switch, sync_sql, UNKNOWN_PARSE_SETTINGS};
+use crate::pool::settings::{analysis_switch, lexes_as_default, sync_sql, UNKNOWN_PARSE_SETTINGS};
 use crate::pool::{
     ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
 };
@@ -657,7 +657,8 @@ fn parse(
     // the open transaction changed them (a SET LOCAL's value, or which of the SETs a ROLLBACK
     // TO SAVEPOINT undid, pgmemo cannot tell: such a statement is never shared).
     let txn = &link.txn;
-    let settings = if txn.explained.any() || txn.uncertain {
+    let unshared = txn.explained.any() || txn.uncertain;
+    let settings = if unshared {
         Arc::from(UNKNOWN_PARSE_SETTINGS)
     } else if !txn.pending.is_empty() {
         link.client.settings.parse_digest_with(&txn.pending)
@@ -672,7 +673,7 @@ fn parse(
     let create = |server_name: &str| {
         StatementSource::Parse(encode_parse(server_name, final_sql, &msg.param_types))
     };
-    let statement = if &*key.settings == UNKNOWN_PARSE_SETTINGS {
+    let statement = if unshared {
         registry.register_unshared(key, create)
     } else {
         registry.get_or_register(key, create)
@@ -858,8 +859,7 @@ fn count_error(
     settings: &str,
     tail: &[u8],
 ) -> Option<ErrorResponse> {
-    // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
-    if settings.contains("standard_conforming_strings") || settings == UNKNOWN_PARSE_SETTINGS {
+    if !lexes_as_default(settings) {
         return None;
     }
     let count_at = |at: usize| {
@@ -973,12 +973,7 @@ fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
     else {
         return None;
     };
-    // Read as PostgreSQL's defaults read it, unless the client changed how strings read.
-    let settings = &*statement.key.settings;
-    if types.contains(&0)
-        || settings.contains("standard_conforming_strings")
-        || settings == UNKNOWN_PARSE_SETTINGS
-    {
+    if types.contains(&0) || !lexes_as_default(&statement.key.settings) {
         return None;
     }
     let text = &statement.key.text;
