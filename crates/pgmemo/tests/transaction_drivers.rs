@@ -393,6 +393,140 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_keeps_that_reading(
     same_through_evicting(&direct, &steps).await;
 }
 
+/// Settings that change how PostgreSQL reads a statement when it prepares it, each with a
+/// statement whose answer shows the reading and the row it gives under the changed value:
+/// one the server reports (`TimeZone`) and one it does not (`transform_null_equals`).
+const READINGS: [(&str, &str, &str); 2] = [
+    (
+        "TimeZone', 'Asia/Tokyo",
+        "SELECT '2020-01-01 12:00'::timestamptz AS t",
+        "DataRow [2020-01-01 12:00:00+09]",
+    ),
+    (
+        "transform_null_equals', 'on",
+        "SELECT (NULL = NULL) AS eq",
+        "DataRow [t]",
+    ),
+];
+
+/// Whether the transcript's answers to step `step` (its line prefix) include `line`.
+fn shows(transcript: &[String], step: &str, line: &str) -> bool {
+    transcript
+        .iter()
+        .any(|l| l.starts_with(step) && l.contains(line))
+}
+
+/// A Parse pipelined behind a statement that changes a setting, whose answer has not arrived
+/// yet, is analysed under the new value: it is never handed to another client whose settings
+/// are the ones before that change, on the same server (answered from the registry) or on one
+/// that lacks it.
+#[tokio::test]
+async fn a_parse_pipelined_behind_a_set_is_not_shared_under_the_settings_before_it() {
+    use Who::{A, B};
+    let run = |who, name: &str| (who, exec(name, &[]));
+    for (setting, sql, changed_row) in READINGS {
+        let (name, value) = setting.split_once("', '").unwrap();
+        for set in [
+            format!("SET {name} = '{value}'"),
+            format!("SELECT set_config('{setting}', false)"),
+        ] {
+            // Pipelined: the Query, the Parse and its Sync go out before any answer comes.
+            let steps = vec![
+                (
+                    A,
+                    vec![msg::query(&set), msg::parse("s1", sql, &[]), msg::sync()],
+                ),
+                run(A, "s1"),
+                (B, vec![msg::parse("s1", sql, &[]), msg::sync()]),
+                run(B, "s1"),
+                (A, vec![msg::query(&format!("RESET {name}"))]),
+                run(A, "s1"),
+            ];
+            let direct = same_as_postgres(&steps).await;
+            assert!(
+                shows(&direct, " 1 A| ", changed_row) && !shows(&direct, " 3 B| ", changed_row),
+                "{set}: {direct:#?}"
+            );
+            if set.starts_with("SET") {
+                same_through_evicting(&direct, &steps).await;
+            } else {
+                // After code pgmemo cannot see into, A's own statement prepared again on a
+                // server that evicted it reads under the settings in force then (a documented
+                // limit); B's must never be A's.
+                let head = &steps[..4];
+                same_through_evicting(&run_script(LocalPostgres::PORT, head).await, head).await;
+            }
+        }
+    }
+}
+
+/// A statement prepared again on a server that lacks it, in a batch pipelined behind a `SET`
+/// whose answer has not come, is read under the settings in force there: pgmemo does not
+/// switch the server's settings around it, which would put back the values from before that
+/// `SET` afterwards and undo it.
+#[tokio::test]
+async fn a_statement_prepared_again_behind_a_pipelined_set_leaves_that_set_alone() {
+    use Who::A;
+    let q = |sql: &str| (A, vec![msg::query(sql)]);
+    let mut pipelined = vec![msg::query("SET TimeZone = 'Asia/Tokyo'")];
+    pipelined.extend(exec("s1", &[]));
+    let steps = vec![
+        q("SET TimeZone = 'UTC'"),
+        (
+            A,
+            vec![
+                msg::parse("s1", "SELECT '2020-01-01 12:00'::timestamptz AS t", &[]),
+                msg::sync(),
+            ],
+        ),
+        q("SET TimeZone = 'Europe/Paris'"),
+        // Evicts s1 from the evicting pool's one server.
+        (A, vec![msg::parse("s2", "SELECT 2", &[]), msg::sync()]),
+        (A, pipelined),
+        q("SHOW TimeZone"),
+    ];
+    let direct = same_as_postgres(&steps).await;
+    assert!(
+        shows(&direct, " 4 A| ", "DataRow [2020-01-01 21:00:00+09]")
+            && shows(&direct, " 5 A| ", "DataRow [Asia/Tokyo]"),
+        "{direct:#?}"
+    );
+    same_through_evicting(&direct, &steps).await;
+}
+
+/// Inside a transaction block a `set_config` cannot wait for its value to be read back (the
+/// server stays with the client until the block ends): a statement the client prepares after
+/// it is analysed under that value and is the client's own, not another client's to share.
+#[tokio::test]
+async fn a_statement_prepared_after_set_config_in_a_block_is_not_shared() {
+    use Who::{A, B};
+    let q = |who, sql: &str| (who, vec![msg::query(sql)]);
+    let run = |who, name: &str| (who, exec(name, &[]));
+    for (setting, sql, changed_row) in READINGS {
+        let name = setting.split_once('\'').unwrap().0;
+        let steps = vec![
+            q(A, "BEGIN"),
+            q(A, &format!("SELECT set_config('{setting}', false)")),
+            (A, vec![msg::parse("s1", sql, &[]), msg::sync()]),
+            run(A, "s1"),
+            q(A, "COMMIT"),
+            q(A, &format!("RESET {name}")),
+            (B, vec![msg::parse("s1", sql, &[]), msg::sync()]),
+            run(B, "s1"),
+            run(A, "s1"),
+        ];
+        let direct = same_as_postgres(&steps).await;
+        assert!(
+            shows(&direct, " 3 A| ", changed_row) && !shows(&direct, " 7 B| ", changed_row),
+            "{setting}: {direct:#?}"
+        );
+        // A's own statement prepared again after an eviction reads under the settings in
+        // force then (a documented limit after code pgmemo cannot see into): B's never A's.
+        let head = &steps[..8];
+        same_through_evicting(&run_script(LocalPostgres::PORT, head).await, head).await;
+    }
+}
+
 /// A `set_config` in the client's own statement changes a setting the server does not
 /// report (`extra_float_digits`): a batch pipelined behind it that must wait for its answer
 /// (a second Parse of the name it just gave) runs under the new value, which stays the

@@ -7,7 +7,7 @@
 //! server holds one `pgmemo_7` for each distinct text.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use bytes::Bytes;
 
@@ -47,6 +47,26 @@ pub struct PreparedStatement {
     /// A server accepted it once: a client's Parse of it can be answered without a server
     /// (clients that prepare synchronously while others hold every server must not wait).
     pub validated: std::sync::atomic::AtomicBool,
+    /// For a statement of one client's own, prepared while pgmemo could not tell the settings
+    /// (`key.settings` is `UNKNOWN_PARSE_SETTINGS`): the parse digest the server read it
+    /// under, when its ParseComplete showed nothing had moved them (a `SET` pipelined ahead
+    /// had committed by then). Preparing it again elsewhere then keeps that reading.
+    settled_under: OnceLock<Arc<str>>,
+}
+
+impl PreparedStatement {
+    /// The parse digest the statement was read under, as far as pgmemo knows: the one it was
+    /// registered under, or the one learnt when it turned out to be known
+    /// ([`Self::settle_under`]).
+    pub fn read_under(&self) -> &str {
+        self.settled_under.get().unwrap_or(&self.key.settings)
+    }
+
+    /// Records that the server read the statement under `parse_digest` (the first record
+    /// stands: PostgreSQL keeps the reading of the statement's first analysis).
+    pub fn settle_under(&self, parse_digest: Arc<str>) {
+        let _ = self.settled_under.set(parse_digest);
+    }
 }
 
 /// How to create a statement on a server.
@@ -116,6 +136,7 @@ impl StatementRegistry {
             name,
             key,
             validated: Default::default(),
+            settled_under: OnceLock::new(),
         })
     }
 

@@ -85,16 +85,6 @@ impl ClientSettings {
         self.overrides.get(name).or_else(|| self.startup.get(name))
     }
 
-    /// The [`Self::parse_digest`] these settings would have with `changes` applied: what a
-    /// statement prepared in an open transaction after those `SET`s is analysed under.
-    pub fn parse_digest_with(&self, changes: &[TrackedChange]) -> Arc<str> {
-        let mut then = self.clone();
-        for c in changes {
-            then.apply(&c.change);
-        }
-        then.parse_digest
-    }
-
     fn apply(&mut self, change: &SettingChange) {
         self.version += 1;
         match change {
@@ -549,26 +539,6 @@ mod tests {
         assert_eq!(analysis_switch(&utc, &a), None);
         assert_eq!(analysis_switch("garbage", &a), None);
         assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, &a), None);
-    }
-
-    #[test]
-    fn the_digest_with_pending_changes_is_the_digest_after_their_commit() {
-        let mut a = ClientSettings::from_startup(&[]);
-        let mut server = ServerSettings::default();
-        let changes = [
-            set("timezone", "SET timezone TO 'Asia/Tokyo'"),
-            set("application_name", "SET application_name TO 'x'"),
-        ];
-        let before = a.parse_digest().clone();
-        let with = a.parse_digest_with(&changes);
-        assert_ne!(with, before);
-        assert_eq!(
-            a.parse_digest(),
-            &before,
-            "the settings themselves are unchanged"
-        );
-        commit(&changes, &mut a, &mut server);
-        assert_eq!(a.parse_digest(), &with);
     }
 
     #[test]

@@ -88,6 +88,21 @@ pub enum Effect {
     Raises,
 }
 
+impl Effect {
+    /// Whether the statement changes session settings (for the session or its transaction),
+    /// among them those under which the server analyses statements prepared after it.
+    pub fn changes_settings(&self) -> bool {
+        matches!(
+            self,
+            Effect::Setting(_)
+                | Effect::Settings(_)
+                | Effect::SettingsUnknown { .. }
+                | Effect::LocalSetting(_)
+                | Effect::Discarded { .. }
+        )
+    }
+}
+
 /// One statement's effect and the command tag to show instead of the server's.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -236,14 +251,7 @@ impl Planner<'_> {
             if let Some(r) = replacement {
                 pieces.push((stmt.source.clone(), r));
             }
-            self.settings_changed |= matches!(
-                outcome.effect,
-                Effect::Setting(_)
-                    | Effect::Settings(_)
-                    | Effect::SettingsUnknown { .. }
-                    | Effect::LocalSetting(_)
-                    | Effect::Discarded { .. }
-            );
+            self.settings_changed |= outcome.effect.changes_settings();
             outcomes.push(outcome);
         }
         let untracked = outcomes

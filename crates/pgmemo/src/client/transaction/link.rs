@@ -235,6 +235,13 @@ impl Entry {
             ..Entry::forward(Expect::Local)
         }
     }
+
+    /// Whether a statement of the entry still to be answered changes settings.
+    pub fn changes_settings(&self) -> bool {
+        self.outcomes
+            .get(self.next..)
+            .is_some_and(|rest| rest.iter().any(|o| o.effect.changes_settings()))
+    }
 }
 
 /// Session-setting changes of the transaction in progress.
@@ -495,6 +502,25 @@ impl Link<'_> {
             }
         }
         ends && (runs || self.client.status != TransactionStatus::Idle)
+    }
+
+    /// Whether the settings the server analyses a statement under may differ from the
+    /// client's committed ones: [`Self::settings_moved`], or a statement that changes
+    /// settings pipelined ahead whose answer has not come yet (its change counts only then).
+    /// A statement prepared now is the client's own, never shared under a settings digest,
+    /// and pgmemo does not switch the server's settings around preparing one again.
+    pub fn settings_unsettled(&self) -> bool {
+        self.settings_moved() || self.queue.iter().any(Entry::changes_settings)
+    }
+
+    /// Whether the server's settings may differ from the client's committed ones by what
+    /// has been answered so far: a change in the open transaction (`SET`, `SET LOCAL`, a
+    /// `ROLLBACK TO SAVEPOINT` after one), or code pgmemo cannot see into.
+    pub fn settings_moved(&self) -> bool {
+        self.txn.explained.any()
+            || self.txn.uncertain
+            || !self.txn.pending.is_empty()
+            || self.server.settings.unknown
     }
 
     /// Whether the next request must wait for the server to be released (see

@@ -290,6 +290,9 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
     } else {
         link.client.statements.get(name)
     };
+    if used.is_some_and(|statement| waits_to_switch(statement, link, earlier)) {
+        return true;
+    }
     link.queue.iter().take(earlier).any(|entry| {
         let given = entry
             .revert
@@ -314,6 +317,17 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
                 _ => false,
             })
     })
+}
+
+/// Whether a Bind or Describe of `statement` waits for the answers to the first `earlier`
+/// queue entries because one of them changes settings and the server lacks the statement:
+/// prepared again once that change is settled, the server can be switched to the settings
+/// the statement was read under and back to those the change left (`analysis_switch_for`);
+/// before, switching back would undo the change.
+fn waits_to_switch(statement: &PreparedStatement, link: &Link<'_>, earlier: usize) -> bool {
+    link.queue.iter().take(earlier).any(Entry::changes_settings)
+        && statement.read_under() != UNKNOWN_PARSE_SETTINGS
+        && !link.server.statements.holds(statement)
 }
 
 /// Whether a Bind or Describe of the unnamed statement depends on an earlier batch's Parse
@@ -373,6 +387,7 @@ pub(super) fn sync_settings(link: &mut Link<'_>, out: &mut BytesMut) {
 }
 
 fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Planner<'l> {
+    let settings_changed = link.settings_unsettled();
     Planner {
         registry,
         in_block: link.client.status != wire::backend::TransactionStatus::Idle,
@@ -380,7 +395,7 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
         startup: &link.client.settings,
-        settings_changed: link.txn.explained.any() || !link.txn.pending.is_empty(),
+        settings_changed,
     }
 }
 
@@ -653,15 +668,12 @@ fn parse(
     let final_sql = sql
         .as_deref()
         .unwrap_or(std::str::from_utf8(&msg.query).unwrap_or_default());
-    // The settings the server analyses it under: the committed ones, unless a SET earlier in
-    // the open transaction changed them (a SET LOCAL's value, or which of the SETs a ROLLBACK
-    // TO SAVEPOINT undid, pgmemo cannot tell: such a statement is never shared).
-    let txn = &link.txn;
-    let unshared = txn.explained.any() || txn.uncertain;
+    // The settings the server analyses it under: the committed ones, unless something in
+    // the open transaction or pipelined ahead changed them (see `settings_unsettled`: such a
+    // statement is never shared).
+    let unshared = link.settings_unsettled();
     let settings = if unshared {
         Arc::from(UNKNOWN_PARSE_SETTINGS)
-    } else if !txn.pending.is_empty() {
-        link.client.settings.parse_digest_with(&txn.pending)
     } else {
         link.client.settings.parse_digest().clone()
     };
@@ -832,7 +844,7 @@ fn bind_count_error(
         name,
         &statement.key.text,
         types,
-        &statement.key.settings,
+        statement.read_under(),
         tail,
     )
 }
@@ -973,7 +985,7 @@ fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
     else {
         return None;
     };
-    if types.contains(&0) || !lexes_as_default(&statement.key.settings) {
+    if types.contains(&0) || !lexes_as_default(statement.read_under()) {
         return None;
     }
     let text = &statement.key.text;
@@ -1178,10 +1190,10 @@ fn create_parse(statement: &PreparedStatement, parse: &Bytes, link: &Link<'_>) -
 /// Only while the server's settings are the client's committed ones: after a `SET` in the
 /// open transaction or batch (or code pgmemo cannot see into) it reads under those in force.
 fn analysis_switch_for(statement: &PreparedStatement, link: &Link<'_>) -> Option<(String, String)> {
-    if link.txn.explained.any() || !link.txn.pending.is_empty() || link.txn.uncertain {
+    if link.settings_unsettled() {
         return None;
     }
-    let switch = analysis_switch(&statement.key.settings, &link.client.settings)?;
+    let switch = analysis_switch(statement.read_under(), &link.client.settings)?;
     // Only queries are analysed at Parse, literals and all (a SQL-level PREPARE holds one). A
     // utility statement reads its text when it runs, and the blocks would be the
     // transaction's first query, which `BEGIN ISOLATION LEVEL` or `SET TRANSACTION` must

@@ -13,7 +13,9 @@ use super::commands::{Effect, Outcome};
 use super::link::{ClientState, Entry, Expect, Link, UnnamedUndo};
 use super::plain::Plain;
 use crate::client::relay::MAX_SERVER_FRAME;
-use crate::pool::settings::{commit, set_raw_sql, SettingChange, TrackedChange};
+use crate::pool::settings::{
+    commit, set_raw_sql, SettingChange, TrackedChange, UNKNOWN_PARSE_SETTINGS,
+};
 
 /// What one pass over the server's bytes produced.
 pub struct Processed {
@@ -454,10 +456,20 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
     if done {
         if let Some(entry) = link.queue.pop_front() {
             if let (Expect::Parse, Some(revert)) = (entry.expect, entry.revert) {
-                revert
-                    .statement
+                let statement = &revert.statement;
+                statement
                     .validated
                     .store(true, std::sync::atomic::Ordering::Relaxed);
+                // The client's own Parse of a statement prepared while its settings were
+                // unsettled: what was ahead of it has been answered, and if nothing moved
+                // the settings, the server read it under the client's committed ones.
+                if entry.forward
+                    && revert.on_server
+                    && *statement.key.settings == *UNKNOWN_PARSE_SETTINGS
+                    && !link.settings_moved()
+                {
+                    statement.settle_under(link.client.settings.parse_digest().clone());
+                }
             }
         }
     }

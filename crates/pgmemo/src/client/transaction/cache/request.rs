@@ -122,7 +122,7 @@ impl TxnCache {
                     // Prepared before a SET of a setting that decides how its literals read:
                     // it keeps the old reading (as in PostgreSQL), which the session's
                     // context, part of the key, no longer describes.
-                    if s.key.settings != *state.settings.parse_digest() {
+                    if s.read_under() != &**state.settings.parse_digest() {
                         return None;
                     }
                     let ParamTypes::Oids(oids) = &s.key.types else {
