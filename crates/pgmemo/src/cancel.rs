@@ -232,7 +232,9 @@ enum SendError {
 }
 
 async fn send_cancel(target: &ServerCancelTarget) -> Result<(), SendError> {
-    let mut s = crate::net::connect(&target.host, target.port)
+    // Short-lived and bounded by CANCEL_TIMEOUT: no keepalive.
+    let keepalive = crate::net::TcpKeepalive::default();
+    let mut s = crate::net::connect(&target.host, target.port, &keepalive)
         .await
         .map_err(SendError::NotSent)?;
     s.write_all(&target.key.encode_cancel_request())

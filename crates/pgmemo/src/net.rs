@@ -2,9 +2,10 @@
 //! the server side, so the rest of pgmemo reads and writes without caring which.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -53,17 +54,62 @@ pub fn unix_socket_path(dir: &str, port: u16) -> std::path::PathBuf {
     std::path::Path::new(dir).join(format!(".s.PGSQL.{port}"))
 }
 
+/// How a TCP connection (a client's or a server's) watches a quiet peer. Without keepalive, a
+/// peer that vanished without closing (its host crashed, the network drops everything) is
+/// never noticed while pgmemo waits for it: a server connection stays lent to a client
+/// waiting for an answer that never comes, or a dead client keeps its slot. Zero values leave
+/// the operating system's defaults (`net.ipv4.tcp_keepalive_*`), as PgBouncer's do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpKeepalive {
+    /// `SO_KEEPALIVE`.
+    pub enabled: bool,
+    /// `TCP_KEEPIDLE`: idle time before the first probe.
+    pub idle: Duration,
+    /// `TCP_KEEPINTVL`: time between unanswered probes.
+    pub interval: Duration,
+    /// `TCP_KEEPCNT`: unanswered probes before the connection is dropped.
+    pub count: u32,
+    /// `TCP_USER_TIMEOUT`: how long sent data may stay unacknowledged (with keepalive on, also
+    /// how long probes may go unanswered).
+    pub user_timeout: Duration,
+}
+
+impl TcpKeepalive {
+    /// Sets these options on a connected TCP socket.
+    pub fn apply(&self, socket: &impl AsFd) -> io::Result<()> {
+        let socket = socket2::SockRef::from(socket);
+        if self.enabled {
+            let mut keepalive = socket2::TcpKeepalive::new();
+            if !self.idle.is_zero() {
+                keepalive = keepalive.with_time(self.idle);
+            }
+            if !self.interval.is_zero() {
+                keepalive = keepalive.with_interval(self.interval);
+            }
+            if self.count > 0 {
+                keepalive = keepalive.with_retries(self.count);
+            }
+            socket.set_tcp_keepalive(&keepalive)?;
+        }
+        if !self.user_timeout.is_zero() {
+            socket.set_tcp_user_timeout(Some(self.user_timeout))?;
+        }
+        Ok(())
+    }
+}
+
 /// Connects to `host:port`: over TCP (Nagle off: the protocol's messages are small and
-/// answered), or to the Unix-domain socket in `host` when it is a directory
+/// answered; `keepalive` set), or to the Unix-domain socket in `host` when it is a directory
 /// ([`is_unix_socket_dir`]), which skips the kernel's TCP/IP stack: on one machine the cheaper
 /// way to PostgreSQL.
-pub async fn connect(host: &str, port: u16) -> io::Result<FastSocket> {
+pub async fn connect(host: &str, port: u16, keepalive: &TcpKeepalive) -> io::Result<FastSocket> {
     if is_unix_socket_dir(host) {
         let s = tokio::net::UnixStream::connect(unix_socket_path(host, port)).await?;
         FastSocket::from_tokio_unix(s)
     } else {
         let s = tokio::net::TcpStream::connect((host, port)).await?;
         s.set_nodelay(true)?;
+        keepalive.apply(&s)?;
         FastSocket::from_tokio(s)
     }
 }
@@ -342,5 +388,58 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for MaybeTls<T> {
             MaybeTls::Plain(s) => Pin::new(s).poll_shutdown(cx),
             MaybeTls::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair of TCP sockets on loopback.
+    fn pair() -> (std::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        (client, server)
+    }
+
+    #[test]
+    fn keepalive_options_reach_the_socket() {
+        let (socket, _peer) = pair();
+        let options = TcpKeepalive {
+            enabled: true,
+            idle: Duration::from_secs(77),
+            interval: Duration::from_secs(7),
+            count: 4,
+            user_timeout: Duration::from_secs(33),
+        };
+        options.apply(&socket).unwrap();
+        let s = socket2::SockRef::from(&socket);
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(77));
+        assert_eq!(s.tcp_keepalive_interval().unwrap(), Duration::from_secs(7));
+        assert_eq!(s.tcp_keepalive_retries().unwrap(), 4);
+        assert_eq!(s.tcp_user_timeout().unwrap(), Some(Duration::from_secs(33)));
+    }
+
+    #[test]
+    fn zero_values_leave_the_systems_defaults_and_off_sets_nothing() {
+        let (socket, _peer) = pair();
+        let defaults = socket2::SockRef::from(&socket)
+            .tcp_keepalive_time()
+            .unwrap();
+        let on = TcpKeepalive {
+            enabled: true,
+            ..TcpKeepalive::default()
+        };
+        on.apply(&socket).unwrap();
+        let s = socket2::SockRef::from(&socket);
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), defaults);
+        assert_eq!(s.tcp_user_timeout().unwrap(), None);
+
+        let (socket, _peer) = pair();
+        TcpKeepalive::default().apply(&socket).unwrap();
+        assert!(!socket2::SockRef::from(&socket).keepalive().unwrap());
     }
 }

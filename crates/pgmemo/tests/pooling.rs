@@ -1120,9 +1120,17 @@ async fn a_connection_with_unconsumed_server_bytes_is_not_pooled() {
             ("user".to_owned(), USER.to_owned()),
             ("database".to_owned(), DB.to_owned()),
         ];
-        let mut conn = ServerConn::open("127.0.0.1", LocalPostgres::PORT, None, &startup, 0)
-            .await
-            .unwrap();
+        let keepalive = pgmemo::net::TcpKeepalive::default();
+        let mut conn = ServerConn::open(
+            "127.0.0.1",
+            LocalPostgres::PORT,
+            None,
+            &startup,
+            0,
+            &keepalive,
+        )
+        .await
+        .unwrap();
         conn.authenticate(USER, &ServerCredential::None)
             .await
             .unwrap();

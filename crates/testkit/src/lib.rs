@@ -13,6 +13,8 @@
 //! - [`connect`], [`rows`], [`sqlstate`]: a client and what it gets back, as text.
 //! - [`pg_client`], [`run_ok`]: psql and pgbench with a clean environment and a deadline.
 //! - [`CancelGate`]: a forwarder to PostgreSQL that holds cancel requests until released.
+//! - [`IsolatedLink`]: a network namespace behind a veth pair whose link can be cut, so a
+//!   peer vanishes without closing (needs root).
 //!
 //! Everything is per-instance (own directory, own port), so tests can run in parallel.
 
@@ -22,6 +24,7 @@ mod client;
 mod eventually;
 mod gate;
 mod names;
+mod netns;
 mod pgmemo;
 mod ports;
 mod postgres;
@@ -35,6 +38,7 @@ pub use client::{
 pub use eventually::{assert_eventually, eventually, eventually_some, within, POLL_INTERVAL};
 pub use gate::CancelGate;
 pub use names::unique;
+pub use netns::IsolatedLink;
 pub use pgmemo::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, PgmemoProcess};
 pub use ports::free_port;
 pub use postgres::{local_url, pg_bin, LocalPostgres, TempPostgres, TempPostgresBuilder};

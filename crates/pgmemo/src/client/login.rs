@@ -435,7 +435,9 @@ async fn open(
     route: &Route,
     tls: Option<&crate::tls::UpstreamTls>,
 ) -> Result<Box<ServerConn>, ClientError> {
-    let timeout = shared.config().server_connect_timeout.0;
+    let config = shared.config();
+    let (timeout, keepalive) = (config.server_connect_timeout.0, config.tcp_keepalive());
+    drop(config);
     let opened = tokio::time::timeout(
         timeout,
         ServerConn::open(
@@ -444,6 +446,7 @@ async fn open(
             tls,
             &route.server_params,
             route.fingerprint,
+            &keepalive,
         ),
     )
     .await

@@ -218,6 +218,23 @@ pub struct Config {
     pub server_connect_timeout: Seconds,
     /// A client must finish startup and authentication within this time. Runtime.
     pub client_login_timeout: Seconds,
+    /// TCP keepalive on client and server connections, so that a peer that vanished without
+    /// closing (a crashed host, a network that drops everything) is noticed and its server
+    /// connection or client slot freed. Runtime (connections opened afterwards).
+    pub tcp_keepalive: Switch,
+    /// Idle time before the first keepalive probe; 0 means the operating system's default.
+    /// Runtime (connections opened afterwards).
+    pub tcp_keepidle: Seconds,
+    /// Time between unanswered keepalive probes; 0 means the operating system's default.
+    /// Runtime (connections opened afterwards).
+    pub tcp_keepintvl: Seconds,
+    /// Unanswered keepalive probes before the connection is dropped; 0 means the operating
+    /// system's default. Runtime (connections opened afterwards).
+    pub tcp_keepcnt: u32,
+    /// How long sent data may stay unacknowledged before the connection is dropped (Linux
+    /// `TCP_USER_TIMEOUT`); 0 means the operating system's default. Runtime (connections
+    /// opened afterwards).
+    pub tcp_user_timeout: Seconds,
     /// On SIGTERM/SIGINT, sessions in a transaction get this long to finish. Restart.
     pub shutdown_timeout: Seconds,
     /// Largest message accepted from a client. Runtime.
@@ -291,6 +308,11 @@ impl Default for Config {
             server_check_query: "SELECT 1".to_owned(),
             server_connect_timeout: Seconds(Duration::from_secs(15)),
             client_login_timeout: Seconds(Duration::from_secs(60)),
+            tcp_keepalive: Switch::On,
+            tcp_keepidle: Seconds(Duration::ZERO),
+            tcp_keepintvl: Seconds(Duration::ZERO),
+            tcp_keepcnt: 0,
+            tcp_user_timeout: Seconds(Duration::ZERO),
             shutdown_timeout: Seconds(Duration::from_secs(30)),
             max_message_size: ByteSize(256 * 1024 * 1024),
             tls_cert_file: None,
@@ -318,6 +340,17 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The TCP keepalive options for connections opened now.
+    pub fn tcp_keepalive(&self) -> crate::net::TcpKeepalive {
+        crate::net::TcpKeepalive {
+            enabled: self.tcp_keepalive.is_on(),
+            idle: self.tcp_keepidle.0,
+            interval: self.tcp_keepintvl.0,
+            count: self.tcp_keepcnt,
+            user_timeout: self.tcp_user_timeout.0,
+        }
+    }
+
     /// Pool size for a (database, user) pool: a `[databases]` override, else a `[users]`
     /// override, else `pool_size`.
     pub fn pool_size_for(&self, database: &str, user: &str) -> usize {

@@ -31,6 +31,7 @@ pub async fn connect(
         None => ServerCredential::None,
     };
     let timeout = config.server_connect_timeout.0;
+    let keepalive = config.tcp_keepalive();
     drop(config);
     let mut params = vec![
         ("user".to_owned(), user.clone()),
@@ -41,8 +42,8 @@ pub async fn connect(
         params.push(("replication".to_owned(), "database".to_owned()));
     }
     let opened = tokio::time::timeout(timeout, async {
-        let mut conn =
-            ServerConn::open(host, port, shared.upstream_tls.as_ref(), &params, 0).await?;
+        let tls = shared.upstream_tls.as_ref();
+        let mut conn = ServerConn::open(host, port, tls, &params, 0, &keepalive).await?;
         conn.authenticate(&user, &credential).await?;
         conn.finish_startup().await?;
         Ok::<_, ServerError>(conn)

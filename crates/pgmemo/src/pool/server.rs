@@ -140,8 +140,9 @@ impl ServerConn {
         tls: Option<&UpstreamTls>,
         startup: &[(String, String)],
         fingerprint: u64,
+        keepalive: &net::TcpKeepalive,
     ) -> Result<Box<ServerConn>, ServerError> {
-        let socket = net::connect(host, port)
+        let socket = net::connect(host, port, keepalive)
             .await
             .map_err(|source| ServerError::Connect {
                 host: host.to_owned(),

@@ -151,11 +151,15 @@ async fn accept_unix(listener: Option<&UnixListener>) -> std::io::Result<(FastSo
     }
 }
 
-async fn accept_tcp(listener: &TcpListener) -> std::io::Result<(FastSocket, Peer)> {
+async fn accept_tcp(
+    listener: &TcpListener,
+    shared: &Shared,
+) -> std::io::Result<(FastSocket, Peer)> {
     let (socket, addr) = listener.accept().await?;
-    // A client that already reset its connection fails this; it is dropped at its first read,
-    // not counted as an accept failure (which backs off).
+    // A client that already reset its connection fails these; it is dropped at its first
+    // read, not counted as an accept failure (which backs off).
     let _ = socket.set_nodelay(true);
+    let _ = shared.config().tcp_keepalive().apply(&socket);
     Ok((FastSocket::from_tokio(socket)?, Peer::Tcp(addr)))
 }
 
@@ -164,7 +168,7 @@ async fn accept_loop(listener: TcpListener, unix: Option<UnixListener>, shared: 
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
-            accepted = accept_tcp(&listener) => accepted,
+            accepted = accept_tcp(&listener, &shared) => accepted,
             accepted = accept_unix(unix.as_ref()) => accepted,
         };
         match accepted {
