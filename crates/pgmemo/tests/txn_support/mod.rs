@@ -61,7 +61,12 @@ pub async fn txn_pgmemo(
 /// a time (`max_prepared_statements` = 1): a client's statements are evicted and prepared
 /// again there whenever it uses another.
 pub async fn evicting_pgmemo(cache: Switch) -> PgmemoInstance {
-    txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+    evicting_pgmemo_at(LocalPostgres::PORT, cache).await
+}
+
+/// [`evicting_pgmemo`] in front of the server on `port`.
+pub async fn evicting_pgmemo_at(port: u16, cache: Switch) -> PgmemoInstance {
+    txn_pgmemo(port, 1, |c| {
         c.cache = cache;
         c.max_prepared_statements = 1;
     })
