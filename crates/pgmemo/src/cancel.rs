@@ -1,5 +1,10 @@
 //! Cancel requests: pgmemo hands every client its own BackendKeyData and remembers which server
 //! session that key stands for right now, so a CancelRequest reaches the right server process.
+//!
+//! In transaction pooling a client's request may wait before any server runs it: for a place
+//! in the pool, or for the cache's catalog lookups. A cancel then has no server to go to, yet
+//! the client's statement is in progress as far as the client can tell, so the cancel is kept
+//! and forwarded once the request has been sent (see [`CancelSlot::await_server`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -21,6 +26,11 @@ struct ServerCancelTarget {
 /// The server a client is attached to; changes on every checkout in transaction pooling, so
 /// setting it is one atomic store rather than a lock and a reference count.
 ///
+/// Between a request that needs a server and the moment it is sent, the slot is *waiting*: a
+/// cancel arriving then is kept instead of dropped, and the session forwards it itself once it
+/// has sent the request ([`CancelSlot::request_sent`]). Sent earlier, to a server still idle,
+/// PostgreSQL would ignore it, and the statement would run to its end.
+///
 /// A cancel takes a moment to reach PostgreSQL (a new connection to the postmaster). If the
 /// client's transaction ends meanwhile and its server goes to another client, the cancel
 /// would stop that client's query. So a cancel counts itself in flight before it reads the
@@ -29,8 +39,12 @@ struct ServerCancelTarget {
 #[derive(Debug, Default)]
 pub struct CancelSlot {
     /// The server process serving the client now: process id in the high half, secret key in
-    /// the low half; 0 while detached (PostgreSQL never uses process id 0).
+    /// the low half; [`DETACHED`], [`WAITING`] or [`WAITING_CANCELLED`] otherwise (process id 0,
+    /// which PostgreSQL never uses).
     key: AtomicU64,
+    /// The server a waiting request will be sent to, packed as `key`: published by
+    /// [`CancelSlot::request_sent`]; 0 when none.
+    staged: AtomicU64,
     /// Where the client's servers listen. Every server a client gets comes from its one pool,
     /// which connects to one address, so this is set by the first attachment.
     address: OnceLock<(Arc<str>, u16)>,
@@ -41,30 +55,101 @@ pub struct CancelSlot {
     doubtful: AtomicBool,
     /// Woken when the last cancel in flight ends.
     settled: Notify,
+    /// Woken when a cancel is kept for a waiting request.
+    kept: Notify,
 }
+
+/// `CancelSlot::key` while the client has no server: a cancel has nothing to stop.
+const DETACHED: u64 = 0;
+/// `CancelSlot::key` while a request of the client waits to be sent to a server.
+const WAITING: u64 = 1;
+/// [`WAITING`], and a cancel came meanwhile: it is forwarded once the request is sent.
+const WAITING_CANCELLED: u64 = 2;
 
 impl CancelSlot {
     /// The client now talks to the server process `key` at `host:port`.
     pub fn attach(&self, host: &Arc<str>, port: u16, key: CancelKey) {
+        self.key
+            .store(self.pack(host, port, key), Ordering::Release);
+    }
+
+    /// The client has sent a request that no server runs yet (transaction pooling, while
+    /// detached): a cancel from now on is kept for the server the request will go to.
+    pub fn await_server(&self) {
+        self.key.store(WAITING, Ordering::SeqCst);
+    }
+
+    /// Resolves once a cancel was kept for the waiting request: a session queued for a
+    /// server can answer the request as cancelled instead of running it later.
+    pub async fn cancel_kept(&self) {
+        loop {
+            let kept = self.kept.notified();
+            tokio::pin!(kept);
+            kept.as_mut().enable();
+            if self.key.load(Ordering::SeqCst) == WAITING_CANCELLED {
+                return;
+            }
+            kept.await;
+        }
+    }
+
+    /// The server the waiting request will be sent to (`None`: a server without a key,
+    /// which no cancel can reach). Cancels keep waiting until [`CancelSlot::request_sent`].
+    pub fn stage(&self, host: &Arc<str>, port: u16, key: Option<CancelKey>) {
+        let packed = key.map_or(DETACHED, |key| self.pack(host, port, key));
+        self.staged.store(packed, Ordering::Release);
+    }
+
+    /// Called after each write of client requests to the server: the first one after
+    /// [`CancelSlot::stage`] makes cancels go to that server from now on, and forwards the
+    /// cancel that came while the request waited. One relaxed load once published.
+    pub fn request_sent(self: &Arc<Self>) {
+        if self.key.load(Ordering::Relaxed) > WAITING_CANCELLED {
+            return;
+        }
+        let staged = self.staged.swap(DETACHED, Ordering::AcqRel);
+        if staged == DETACHED {
+            return;
+        }
+        if self.key.swap(staged, Ordering::SeqCst) != WAITING_CANCELLED {
+            return;
+        }
+        // Counted before the session can detach, so the server waits for it to settle.
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight {
+            slot: self.clone(),
+            delivered: true,
+        };
+        let Some(target) = self.target(staged) else {
+            return;
+        };
+        tracing::debug!(host = %target.host, "forwarding a cancel that came while the request waited");
+        tokio::spawn(deliver(target, guard));
+    }
+
+    /// The client is between servers: a cancel now has nothing to cancel (one kept while a
+    /// request waited is dropped: the request was answered without a server). Returns whether
+    /// a cancel read before is still on its way to the server the client had; then
+    /// [`CancelSlot::settle`] must run before that server serves another client.
+    #[must_use = "a cancel in flight must settle before the server serves another client"]
+    pub fn detach(&self) -> bool {
+        self.staged.store(DETACHED, Ordering::Release);
+        // SeqCst pairs with `begin`: either the cancel sees 0 here, or this sees it counted.
+        self.key.store(DETACHED, Ordering::SeqCst);
+        self.in_flight.load(Ordering::SeqCst) > 0
+    }
+
+    /// `key` as stored in `key`, or [`DETACHED`] if it is at another address than the
+    /// client's servers so far.
+    fn pack(&self, host: &Arc<str>, port: u16, key: CancelKey) -> u64 {
         let address = self.address.get_or_init(|| (host.clone(), port));
-        let packed = if address.1 == port && *address.0 == **host {
+        if address.1 == port && *address.0 == **host {
             (u64::from(key.process_id as u32) << 32) | u64::from(key.secret_key as u32)
         } else {
             // Cannot happen (one pool per client): rather no cancel than one sent elsewhere.
             tracing::warn!(%host, port, "a client's servers changed address; cancel disabled");
-            0
-        };
-        self.key.store(packed, Ordering::Release);
-    }
-
-    /// The client is between servers: a cancel now has nothing to cancel. Returns whether a
-    /// cancel read before is still on its way to the server the client had; then
-    /// [`CancelSlot::settle`] must run before that server serves another client.
-    #[must_use = "a cancel in flight must settle before the server serves another client"]
-    pub fn detach(&self) -> bool {
-        // SeqCst pairs with `begin`: either the cancel sees 0 here, or this sees it counted.
-        self.key.store(0, Ordering::SeqCst);
-        self.in_flight.load(Ordering::SeqCst) > 0
+            DETACHED
+        }
     }
 
     /// Waits until no cancel of this slot is in flight. `true` when every one that ended was
@@ -82,16 +167,38 @@ impl CancelSlot {
         }
     }
 
-    /// Counts a cancel in flight and reads where it goes; `None` (and not counted) while
-    /// detached.
-    fn begin(self: &Arc<Self>) -> Option<(ServerCancelTarget, InFlight)> {
+    /// Counts a cancel in flight and reads where it goes.
+    fn begin(self: &Arc<Self>) -> Begun {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let guard = InFlight {
             slot: self.clone(),
             delivered: true,
         };
-        let packed = self.key.load(Ordering::SeqCst);
-        self.target(packed).map(|t| (t, guard))
+        let mut packed = self.key.load(Ordering::SeqCst);
+        loop {
+            match packed {
+                DETACHED => return Begun::Nowhere,
+                WAITING_CANCELLED => return Begun::Kept,
+                WAITING => match self.key.compare_exchange(
+                    WAITING,
+                    WAITING_CANCELLED,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                ) {
+                    Ok(_) => {
+                        self.kept.notify_waiters();
+                        return Begun::Kept;
+                    }
+                    Err(now) => packed = now,
+                },
+                _ => {
+                    return match self.target(packed) {
+                        Some(target) => Begun::Forward(target, guard),
+                        None => Begun::Nowhere,
+                    }
+                }
+            }
+        }
     }
 
     #[cfg(test)]
@@ -100,6 +207,7 @@ impl CancelSlot {
     }
 
     fn target(&self, packed: u64) -> Option<ServerCancelTarget> {
+        // DETACHED, WAITING and WAITING_CANCELLED name no process.
         if packed >> 32 == 0 {
             return None;
         }
@@ -113,6 +221,17 @@ impl CancelSlot {
             },
         })
     }
+}
+
+/// What a cancel found in its client's slot.
+enum Begun {
+    /// The client's server: forward the cancel there.
+    Forward(ServerCancelTarget, InFlight),
+    /// The client's request waits for a server: the session forwards the cancel after
+    /// sending it.
+    Kept,
+    /// The client is between requests: nothing to cancel.
+    Nowhere,
 }
 
 /// One cancel in flight; ends it when dropped (also when the forwarding task is dropped).
@@ -182,7 +301,8 @@ impl CancelRegistry {
     }
 
     /// Forwards a client's CancelRequest to its current server, if the key is valid and the
-    /// client is attached to one. Invalid keys are ignored silently, as PostgreSQL does.
+    /// client is attached to one, or keeps it for the server its waiting request will go to;
+    /// `true` when forwarded or kept. Invalid keys are ignored silently, as PostgreSQL does.
     pub async fn cancel(&self, key: CancelKey) -> bool {
         let slot = {
             let map = self.by_pid.lock().unwrap_or_else(|e| e.into_inner());
@@ -191,27 +311,33 @@ impl CancelRegistry {
                 _ => return false,
             }
         };
-        let Some((target, mut in_flight)) = slot.begin() else {
-            return false;
-        };
-        // Until known otherwise (also if this future is dropped half-way), the cancel may
-        // still reach the server.
-        in_flight.delivered = false;
-        let outcome = tokio::time::timeout(CANCEL_TIMEOUT, send_cancel(&target)).await;
-        match outcome {
-            Ok(Ok(())) => {
-                in_flight.delivered = true;
-                true
-            }
-            Ok(Err(e)) => {
-                in_flight.delivered = matches!(e, SendError::NotSent(_));
-                tracing::warn!(error = %e, host = %target.host, "forwarding cancel request failed");
-                false
-            }
-            Err(_) => {
-                tracing::warn!(host = %target.host, "the server did not take the cancel request in time");
-                false
-            }
+        match slot.begin() {
+            Begun::Forward(target, in_flight) => deliver(target, in_flight).await,
+            Begun::Kept => true,
+            Begun::Nowhere => false,
+        }
+    }
+}
+
+/// Sends a cancel to `target`; `in_flight` ends when it is known delivered or lost.
+async fn deliver(target: ServerCancelTarget, mut in_flight: InFlight) -> bool {
+    // Until known otherwise (also if this future is dropped half-way), the cancel may still
+    // reach the server.
+    in_flight.delivered = false;
+    let outcome = tokio::time::timeout(CANCEL_TIMEOUT, send_cancel(&target)).await;
+    match outcome {
+        Ok(Ok(())) => {
+            in_flight.delivered = true;
+            true
+        }
+        Ok(Err(e)) => {
+            in_flight.delivered = matches!(e, SendError::NotSent(_));
+            tracing::warn!(error = %e, host = %target.host, "forwarding cancel request failed");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(host = %target.host, "the server did not take the cancel request in time");
+            false
         }
     }
 }
@@ -293,11 +419,14 @@ mod tests {
             secret_key: 9,
         };
         slot.attach(&Arc::from("a"), 1, key);
-        let (_, delivered) = slot.begin().expect("attached");
-        let (_, mut lost) = slot.begin().expect("attached");
+        let (_, delivered) = forwarded(slot.begin()).expect("attached");
+        let (_, mut lost) = forwarded(slot.begin()).expect("attached");
         lost.delivered = false;
         assert!(slot.detach(), "two cancels in flight");
-        assert!(slot.begin().is_none(), "a detached slot starts no cancel");
+        assert!(
+            matches!(slot.begin(), Begun::Nowhere),
+            "a detached slot starts no cancel"
+        );
         let settling = tokio::spawn({
             let slot = slot.clone();
             async move { slot.settle().await }
@@ -311,6 +440,66 @@ mod tests {
         slot.attach(&Arc::from("a"), 1, key);
         assert!(!slot.detach());
         assert!(slot.settle().await);
+    }
+
+    fn forwarded(begun: Begun) -> Option<(ServerCancelTarget, InFlight)> {
+        match begun {
+            Begun::Forward(target, in_flight) => Some((target, in_flight)),
+            _ => None,
+        }
+    }
+
+    /// A cancel that comes while the client's request waits goes to the server the request
+    /// is sent to, once it is sent; one that comes while the client is idle goes nowhere.
+    #[tokio::test]
+    async fn a_cancel_for_a_waiting_request_follows_it_to_its_server() {
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = server.local_addr().unwrap().port();
+        let host: Arc<str> = "127.0.0.1".into();
+        let key = CancelKey {
+            process_id: 4711,
+            secret_key: -3,
+        };
+        let slot = Arc::new(CancelSlot::default());
+        assert!(matches!(slot.begin(), Begun::Nowhere), "idle: dropped");
+
+        slot.await_server();
+        assert!(matches!(slot.begin(), Begun::Kept));
+        assert!(
+            matches!(slot.begin(), Begun::Kept),
+            "a second one is the same"
+        );
+        slot.stage(&host, port, Some(key));
+        assert!(matches!(slot.begin(), Begun::Kept), "staged, not yet sent");
+        slot.request_sent();
+        let (mut conn, _) = server.accept().await.unwrap();
+        let mut request = [0u8; 16];
+        tokio::io::AsyncReadExt::read_exact(&mut conn, &mut request)
+            .await
+            .unwrap();
+        assert_eq!(&request[..], &key.encode_cancel_request()[..]);
+        assert!(
+            slot.detach(),
+            "the kept cancel is in flight until the server closes"
+        );
+        drop(conn);
+        assert!(slot.settle().await, "delivered");
+
+        // Sent once: later writes forward nothing more, and cancels go to the server.
+        slot.await_server();
+        slot.stage(&host, port, Some(key));
+        slot.request_sent();
+        slot.request_sent();
+        assert!(forwarded(slot.begin()).is_some_and(|(t, _)| t.key == key));
+        // A request answered without a server drops a kept cancel.
+        assert!(!slot.detach());
+        slot.await_server();
+        assert!(matches!(slot.begin(), Begun::Kept));
+        assert!(!slot.detach());
+        slot.await_server();
+        slot.stage(&host, port, Some(key));
+        slot.request_sent();
+        assert!(!slot.detach(), "nothing was forwarded");
     }
 
     #[test]

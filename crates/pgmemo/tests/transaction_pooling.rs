@@ -1750,6 +1750,79 @@ async fn cancel_reaches_the_clients_current_server_and_never_another_clients_que
     .await;
 }
 
+/// A client queued for the (only) server cancels its statement: PostgreSQL would have been
+/// running it, so the client gets "canceling statement due to user request" at once, without
+/// waiting for a server, and the statement never runs. Simple and extended protocol, and a
+/// request pipelined behind the cancelled one still runs. A cancel while the client is idle
+/// stops nothing, not even its next statement.
+#[tokio::test]
+async fn a_cancel_while_queued_for_a_server_answers_the_statement_at_once() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let holder = pgmemo.client(USER, DB).await;
+        let admin = pgmemo.client(USER, "pgmemo").await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        let table = create_table("txn_queued_cancel", "(n int)").await;
+        let b = std::sync::Arc::new(pgmemo.client(USER, DB).await);
+        let token = b.cancel_token();
+        let held = hold(&holder).await;
+        let queued = || async { pool_waiting(&admin).await >= 1 };
+
+        // Extended protocol (tokio-postgres prepares first: the Parse is what waits).
+        let insert = format!("INSERT INTO {table} SELECT 1 FROM pg_sleep(30)");
+        let running = tokio::spawn({
+            let (b, insert) = (b.clone(), insert.clone());
+            async move { b.execute(insert.as_str(), &[]).await }
+        });
+        assert!(testkit::eventually(SOON, queued).await, "B never queued");
+        token.cancel_query(NoTls).await.unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(10), running)
+            .await
+            .expect("the cancel waited for a server")
+            .unwrap()
+            .expect_err("the statement was cancelled");
+        assert_eq!(sqlstate(&err), Some("57014"), "{err}");
+
+        // Simple protocol, with a request pipelined behind it.
+        let running = tokio::spawn({
+            let (b, insert) = (b.clone(), insert.clone());
+            async move {
+                let cancelled = b.simple_query(&insert);
+                let behind = b.query_one("SELECT 2::int", &[]);
+                let (cancelled, behind) = tokio::join!(cancelled, behind);
+                (cancelled.map(|_| ()), behind.map(|r| r.get::<_, i32>(0)))
+            }
+        });
+        assert!(testkit::eventually(SOON, queued).await, "B never queued");
+        token.cancel_query(NoTls).await.unwrap();
+        // The request behind it queues in turn, while the server is still held.
+        assert!(
+            testkit::eventually(SOON, queued).await,
+            "B's next request never queued"
+        );
+        holder.batch_execute("COMMIT").await.unwrap();
+        let (cancelled, behind) = running.await.unwrap();
+        let err = cancelled.expect_err("the statement was cancelled");
+        assert_eq!(sqlstate(&err), Some("57014"), "{err}");
+        assert_eq!(
+            behind.unwrap(),
+            2,
+            "the request behind the cancelled one runs"
+        );
+        let count = value(&direct, &format!("SELECT count(*) FROM {table}")).await;
+        assert_eq!(count, "0", "a cancelled statement never ran");
+        assert_eq!(backend_pid(&b).await, held, "B's session goes on");
+
+        // Idle now: a cancel has nothing to stop, and is not kept for the next statement.
+        token.cancel_query(NoTls).await.unwrap();
+        b.query("SELECT pg_sleep(0.2)", &[])
+            .await
+            .expect("a cancel sent while idle stops no later statement");
+        drop_table(&table).await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_cancel_still_on_its_way_never_stops_the_next_clients_query() {
     within(TEST_DEADLINE, async {

@@ -426,6 +426,13 @@ impl ServerConn {
         }
     }
 
+    /// Makes `slot` send its client's cancel requests to this connection's server process
+    /// once the client's waiting request has been sent to it (see
+    /// [`CancelSlot::request_sent`]).
+    pub fn stage_cancel(&self, slot: &CancelSlot) {
+        slot.stage(&self.host, self.port, self.key);
+    }
+
     /// Sends Terminate and closes, ignoring errors: the connection is being discarded.
     /// Ends the connection after whatever it is still running: Terminate is queued behind
     /// it, and the server's answers are read and dropped until it closes (or `limit`

@@ -139,7 +139,7 @@ pub async fn run(
     shared: &Arc<Shared>,
     route: &Route,
     state: &mut ClientState,
-    cancel: &CancelSlot,
+    cancel: &Arc<CancelSlot>,
 ) -> End {
     // Built once per session: a fresh cancellation future per transaction would take the
     // token's lock and allocate every time.
@@ -219,13 +219,30 @@ pub async fn run(
                 Detached::Attach(None) => {}
             }
         }
+        // From here until it is sent, the request waits: a cancel for it is kept.
+        cancel.await_server();
         // Queued for a place (or waiting for a new connection), the client is watched: one
         // that closes its connection leaves the queue at once instead of taking a server for
         // nobody when its turn comes, as at login. Polled only when no place is free at once.
+        // A cancel while queued answers the request at once, as PostgreSQL would have been
+        // running it, unless it is a message pgmemo cannot answer so (the cancel is then
+        // forwarded once the request is sent).
+        let answerable = answers_cancel(&client.buf, max_message);
         let attached = tokio::select! {
             biased;
-            attached = checkout.attach(shared, route) => attached,
-            gone = client.gone(super::login::MAX_AHEAD_WHILE_QUEUED) => Err(gone),
+            attached = checkout.attach(shared, route) => Some(attached),
+            gone = client.gone(super::login::MAX_AHEAD_WHILE_QUEUED) => Some(Err(gone)),
+            () = cancel.cancel_kept(), if answerable => None,
+        };
+        let Some(attached) = attached else {
+            let _ = cancel.detach();
+            if let Some(cache) = cache.as_mut() {
+                cache.forget_request();
+            }
+            if let Err(end) = answer_cancelled(client, max_message, &mut stopped).await {
+                return end;
+            }
+            continue;
         };
         let (lease, mut server) = match attached {
             Ok(v) => v,
@@ -242,7 +259,9 @@ pub async fn run(
                 .attached(request, &mut server, state, &mut client.buf)
                 .await
             {
-                // A hit once the context was read: the server goes back unused.
+                // A hit once the context was read: the server goes back unused (and a
+                // cancel kept meanwhile is dropped: the request is answered).
+                let _ = cancel.detach();
                 lease.return_idle(server, true);
                 if let Err(end) = answer(client, cache, bytes).await {
                     return end;
@@ -250,7 +269,7 @@ pub async fn run(
                 continue;
             }
         }
-        server.attach_cancel(cancel);
+        server.stage_cancel(cancel);
         let idle_timeout = checkout.config.idle_transaction_timeout.0;
         let max_prepared = checkout.config.max_prepared_statements;
         let before = (
@@ -270,6 +289,7 @@ pub async fn run(
             &mut buffers,
             &mut terminated,
             cache.as_mut(),
+            cancel,
         )
         .await;
         // A cancel on its way to this server must not reach the next client's query.
@@ -381,6 +401,66 @@ async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
             tracing::warn!(error = %e, ?names, "cannot read settings back")
         }
     }
+}
+
+/// Whether the client's first message (whole in `buf`) starts a request pgmemo can answer
+/// as cancelled without a server: a simple Query, or an extended-protocol message (the error
+/// then skips the batch to its Sync, as PostgreSQL's does).
+fn answers_cancel(buf: &[u8], max_message: usize) -> bool {
+    use wire::frontend::tag;
+    matches!(
+        FrameHeader::peek(buf, max_message),
+        Ok(Some(h)) if buf.len() >= h.frame_len
+            && matches!(h.tag, tag::QUERY | tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE)
+    )
+}
+
+/// Answers the client's first request (see [`answers_cancel`]) as PostgreSQL answers a
+/// statement cancelled before it produced anything: the error, then, for a simple Query, at
+/// once ReadyForQuery; for an extended-protocol batch, its messages skipped up to its Sync
+/// (read as they come), then ReadyForQuery. Nothing of it ran, so the session is unchanged.
+async fn answer_cancelled(
+    client: &mut ClientConn,
+    max_message: usize,
+    stopped: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<(), End> {
+    let error = ErrorResponse::error(
+        sqlstate::QUERY_CANCELED,
+        "canceling statement due to user request",
+    );
+    let sent = |r: Result<(), ClientError>| {
+        r.map_err(|e| match e {
+            ClientError::Io(e) => End::ClientGone(Some(e)),
+            _ => End::ClientGone(None),
+        })
+    };
+    let simple = client.buf.first() == Some(&wire::frontend::tag::QUERY);
+    if simple {
+        let len = FrameHeader::peek(&client.buf, max_message)
+            .ok()
+            .flatten()
+            .map_or(0, |h| h.frame_len);
+        client.buf.advance(len);
+    } else {
+        // The error goes out at once: the client may wait for it behind a Flush.
+        sent(client.send(&error.encode()).await)?;
+        loop {
+            wait_for_request(client, max_message, stopped).await?;
+            let Ok(Some(h)) = FrameHeader::peek(&client.buf, max_message) else {
+                return Err(End::ClientGone(None));
+            };
+            client.buf.advance(h.frame_len);
+            if h.tag == wire::frontend::tag::SYNC {
+                break;
+            }
+        }
+    }
+    let mut out = BytesMut::new();
+    if simple {
+        error.encode_into(&mut out);
+    }
+    out.extend_from_slice(&wire::backend::ready_for_query(TransactionStatus::Idle));
+    sent(client.send(&out).await)
 }
 
 /// Sends a detached client the cache's answer.
@@ -607,6 +687,7 @@ async fn serve_attached(
     buffers: &mut Buffers,
     terminated: &mut (impl Future<Output = ()> + Unpin),
     cache: Option<&mut TxnCache>,
+    cancel: &Arc<CancelSlot>,
 ) -> (Attached, bool) {
     let ServerConn {
         stream,
@@ -646,6 +727,7 @@ async fn serve_attached(
             retry: &retry,
             registry: &shared.pools.statements,
             opts: &opts,
+            cancel,
         };
         match (&mut client.stream, stream) {
             (MaybeTls::Plain(c), MaybeTls::Plain(s)) => {
@@ -706,6 +788,9 @@ struct Pumps<'p, 'l> {
     retry: &'p Flag,
     registry: &'p StatementRegistry,
     opts: &'p AttachOptions,
+    /// Told of every write of requests to the server, to forward a cancel that came while
+    /// the transaction's first request waited.
+    cancel: &'p Arc<CancelSlot>,
 }
 
 enum PumpError {
@@ -837,6 +922,7 @@ impl Pumps<'_, '_> {
             if let Err(e) = sent.await {
                 return Some(Err(self.end_for(PumpError::Server(e), cw).await));
             }
+            self.cancel.request_sent();
             server_out.clear();
         }
         client_out.clear();
@@ -1022,6 +1108,7 @@ impl Pumps<'_, '_> {
             if !out.is_empty() {
                 server.write_all(out).await.map_err(PumpError::Server)?;
                 server.flush().await.map_err(PumpError::Server)?;
+                self.cancel.request_sent();
                 out.clear();
             }
             if terminate {

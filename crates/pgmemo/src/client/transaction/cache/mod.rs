@@ -308,6 +308,13 @@ impl TxnCache {
         Detached::Attach(Some(request))
     }
 
+    /// The request [`TxnCache::detached`] passed on is answered without a server (cancelled
+    /// while queued): a fill it leads ends, so that the clients waiting for it go on.
+    pub fn forget_request(&mut self) {
+        self.leading = None;
+        self.planned = None;
+    }
+
     /// Single flight, before a server is taken: when the memo says the request's result may
     /// be stored, either leads the fill of its key (the guard goes with the capture) or waits
     /// for the client already filling it and answers from its entry. `Some` on a hit.
