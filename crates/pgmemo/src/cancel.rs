@@ -76,7 +76,10 @@ impl CancelSlot {
     /// The client has sent a request that no server runs yet (transaction pooling, while
     /// detached): a cancel from now on is kept for the server the request will go to.
     pub fn await_server(&self) {
-        self.key.store(WAITING, Ordering::SeqCst);
+        // Only from detached: a cancel kept already (the request waited before) stays kept.
+        let _ = self
+            .key
+            .compare_exchange(DETACHED, WAITING, Ordering::SeqCst, Ordering::Relaxed);
     }
 
     /// Resolves once a cancel was kept for the waiting request: a session queued for a

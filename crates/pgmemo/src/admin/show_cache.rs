@@ -39,6 +39,10 @@ pub fn show_cache(shared: &Shared) -> Table {
     row("evictions", n(c.store.evictions()));
     row("flight_waits", n(s.flight_waits.load(Ordering::Relaxed)));
     row(
+        "flight_waiting",
+        n(s.flight_waiting.load(Ordering::Relaxed)),
+    );
+    row(
         "catalog_lookups",
         n(s.catalog_lookups.load(Ordering::Relaxed)),
     );

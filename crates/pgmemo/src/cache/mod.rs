@@ -178,8 +178,18 @@ pub struct Cache {
 
 impl Cache {
     /// Waits (at most [`flight::WAIT_LIMIT`]) for the session filling a key to finish, counting
-    /// the wait; the caller then looks the key up again.
+    /// the wait; the caller then looks the key up again. Counted in `flight_waiting` while it
+    /// waits, also when the wait is abandoned (a cancel).
     pub async fn wait_for_flight(&self, done: tokio::sync::watch::Receiver<()>) {
+        /// Takes the waiter off the gauge however the wait ends.
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicU64);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.stats.flight_waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(&self.stats.flight_waiting);
         flight::wait(done, flight::WAIT_LIMIT).await;
         self.stats.flight_waits.fetch_add(1, Ordering::Relaxed);
     }

@@ -33,6 +33,8 @@ pub struct CacheStats {
     pub database_invalidations: AtomicU64,
     /// Misses that waited for another session's identical query instead of running it.
     pub flight_waits: AtomicU64,
+    /// Sessions waiting now for another session's identical query (a gauge).
+    pub flight_waiting: AtomicU64,
     /// Catalog lookups pgmemo ran to analyse a statement shape.
     pub catalog_lookups: AtomicU64,
     /// Cacheable misses not stored because their key had not missed recently (see
@@ -53,6 +55,7 @@ impl Default for CacheStats {
             invalidations: AtomicU64::new(0),
             database_invalidations: AtomicU64::new(0),
             flight_waits: AtomicU64::new(0),
+            flight_waiting: AtomicU64::new(0),
             catalog_lookups: AtomicU64::new(0),
             context_reads: AtomicU64::new(0),
             admission_skips: AtomicU64::new(0),

@@ -238,6 +238,11 @@ fn cache(page: &mut Exposition, shared: &Shared) {
             c.store.capacity(),
             "Most bytes the cache may hold (cache_size).",
         ),
+        (
+            "flight_waiting",
+            s.flight_waiting.load(Ordering::Relaxed),
+            "Sessions waiting now for another session's identical query (single flight).",
+        ),
     ] {
         page.single(&format!("pgmemo_cache_{name}"), Kind::Gauge, help, value);
     }

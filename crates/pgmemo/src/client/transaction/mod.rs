@@ -208,19 +208,41 @@ pub async fn run(
                     continue;
                 }
                 Detached::Attach(Some(r)) => {
-                    if let Some(bytes) = cache.join_flight(&mut client.buf, &r, state).await {
-                        if let Err(end) = answer(client, cache, bytes).await {
-                            return end;
+                    // Waiting for another client's identical query is waiting too: a cancel
+                    // answers the request at once.
+                    cancel.await_server();
+                    let answerable = answers_cancel(&client.buf, max_message);
+                    let joined = tokio::select! {
+                        biased;
+                        joined = cache.join_flight(&mut client.buf, &r, state) => Some(joined),
+                        () = cancel.cancel_kept(), if answerable => None,
+                    };
+                    match joined {
+                        Some(Some(bytes)) => {
+                            let _ = cancel.detach();
+                            if let Err(end) = answer(client, cache, bytes).await {
+                                return end;
+                            }
+                            continue;
                         }
-                        continue;
+                        Some(None) => request = Some(r),
+                        None => {
+                            if let Err(end) =
+                                cancelled(client, Some(cache), cancel, max_message, &mut stopped)
+                                    .await
+                            {
+                                return end;
+                            }
+                            continue;
+                        }
                     }
-                    request = Some(r);
                 }
                 Detached::Attach(None) => {}
             }
         }
         // From here until it is sent, the request waits: a cancel for it is kept.
         cancel.await_server();
+
         // Queued for a place (or waiting for a new connection), the client is watched: one
         // that closes its connection leaves the queue at once instead of taking a server for
         // nobody when its turn comes, as at login. Polled only when no place is free at once.
@@ -235,11 +257,9 @@ pub async fn run(
             () = cancel.cancel_kept(), if answerable => None,
         };
         let Some(attached) = attached else {
-            let _ = cancel.detach();
-            if let Some(cache) = cache.as_mut() {
-                cache.forget_request();
-            }
-            if let Err(end) = answer_cancelled(client, max_message, &mut stopped).await {
+            if let Err(end) =
+                cancelled(client, cache.as_mut(), cancel, max_message, &mut stopped).await
+            {
                 return end;
             }
             continue;
@@ -413,6 +433,22 @@ fn answers_cancel(buf: &[u8], max_message: usize) -> bool {
         Ok(Some(h)) if buf.len() >= h.frame_len
             && matches!(h.tag, tag::QUERY | tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE)
     )
+}
+
+/// A cancel came while the client's request waited for a server or another client's fill:
+/// the request is answered as cancelled and forgotten.
+async fn cancelled(
+    client: &mut ClientConn,
+    cache: Option<&mut TxnCache>,
+    cancel: &CancelSlot,
+    max_message: usize,
+    stopped: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<(), End> {
+    let _ = cancel.detach();
+    if let Some(cache) = cache {
+        cache.forget_request();
+    }
+    answer_cancelled(client, max_message, stopped).await
 }
 
 /// Answers the client's first request (see [`answers_cancel`]) as PostgreSQL answers a
