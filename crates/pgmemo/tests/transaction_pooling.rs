@@ -1823,6 +1823,70 @@ async fn a_cancel_while_queued_for_a_server_answers_the_statement_at_once() {
     .await;
 }
 
+/// Cancels at every stage (queued for a server, waiting to be sent, running, idle) from
+/// many clients over a pool far smaller than them: every statement either completes or fails
+/// with 57014, each session stays in step (its next statement gets its own answer), and the
+/// pool ends with nobody waiting and no server beyond its size.
+#[tokio::test]
+async fn cancels_at_any_moment_under_pool_pressure_leave_every_session_in_step() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let admin = pgmemo.client(USER, "pgmemo").await;
+        let mut tasks = Vec::new();
+        for i in 0..16i32 {
+            let client = std::sync::Arc::new(pgmemo.client(USER, DB).await);
+            tasks.push(tokio::spawn(async move {
+                let token = client.cancel_token();
+                let mut cancelled = 0;
+                for round in 0..12i32 {
+                    let c = client.clone();
+                    let running = tokio::spawn(async move {
+                        if (i + round) % 2 == 0 {
+                            c.simple_query("SELECT pg_sleep(0.01)").await.map(|_| ())
+                        } else {
+                            c.query("SELECT pg_sleep(0.01), $1::int", &[&round])
+                                .await
+                                .map(|_| ())
+                        }
+                    });
+                    if (i * 7 + round) % 3 == 0 {
+                        // Now or a moment later: queued, sent, running or already done.
+                        for _ in 0..(i + round) % 4 {
+                            tokio::task::yield_now().await;
+                        }
+                        token.cancel_query(NoTls).await.unwrap();
+                    }
+                    if let Err(e) = running.await.unwrap() {
+                        assert_eq!(sqlstate(&e), Some("57014"), "{e}");
+                        cancelled += 1;
+                    }
+                    let own: i32 = client
+                        .query_one("SELECT $1::int + 1000", &[&round])
+                        .await
+                        .expect("the session is in step after a cancel")
+                        .get(0);
+                    assert_eq!(own, round + 1000);
+                }
+                cancelled
+            }));
+        }
+        let mut cancelled = 0;
+        for t in tasks {
+            cancelled += t.await.unwrap();
+        }
+        assert!(
+            cancelled > 0,
+            "no statement was cancelled: the test tested nothing"
+        );
+        assert_eq!(pool_waiting(&admin).await, 0);
+        assert!(
+            pool_figures(&admin).await.1 <= 2,
+            "no server beyond the pool"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_cancel_still_on_its_way_never_stops_the_next_clients_query() {
     within(TEST_DEADLINE, async {
