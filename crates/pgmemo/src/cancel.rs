@@ -96,6 +96,11 @@ impl CancelSlot {
         }
     }
 
+    /// Whether a cancel was kept for the waiting request.
+    pub fn is_kept(&self) -> bool {
+        self.key.load(Ordering::SeqCst) == WAITING_CANCELLED
+    }
+
     /// The server the waiting request will be sent to (`None`: a server without a key,
     /// which no cancel can reach). Cancels keep waiting until [`CancelSlot::request_sent`].
     pub fn stage(&self, host: &Arc<str>, port: u16, key: Option<CancelKey>) {
@@ -128,6 +133,23 @@ impl CancelSlot {
         };
         tracing::debug!(host = %target.host, "forwarding a cancel that came while the request waited");
         tokio::spawn(deliver(target, guard));
+    }
+
+    /// Session pooling: the client's statement waits in pgmemo (for another session's fill,
+    /// or for catalog lookups) while its server is idle, where PostgreSQL would ignore a
+    /// cancel. Until [`CancelSlot::resume`], a cancel is kept instead. Call only while
+    /// attached.
+    pub fn hold(&self) {
+        let key = self.key.swap(WAITING, Ordering::SeqCst);
+        self.staged.store(key, Ordering::Release);
+    }
+
+    /// Ends [`CancelSlot::hold`]: cancels go to the server again. `true` when one came
+    /// meanwhile (the caller answers the statement as cancelled).
+    #[must_use = "a cancel kept while held is the caller's to answer"]
+    pub fn resume(&self) -> bool {
+        let key = self.staged.swap(DETACHED, Ordering::AcqRel);
+        self.key.swap(key, Ordering::SeqCst) == WAITING_CANCELLED
     }
 
     /// The client is between servers: a cancel now has nothing to cancel (one kept while a
@@ -503,6 +525,31 @@ mod tests {
         slot.stage(&host, port, Some(key));
         slot.request_sent();
         assert!(!slot.detach(), "nothing was forwarded");
+    }
+
+    /// Session pooling holds cancels while a statement waits in pgmemo with the server idle:
+    /// kept meanwhile, and told to the caller at resume; the server's key is back after it.
+    #[test]
+    fn a_held_slot_keeps_cancels_until_resumed() {
+        let slot = Arc::new(CancelSlot::default());
+        let key = CancelKey {
+            process_id: 12,
+            secret_key: 34,
+        };
+        slot.attach(&Arc::from("a"), 1, key);
+        slot.hold();
+        assert!(!slot.resume(), "nothing came");
+        assert!(forwarded(slot.begin()).is_some_and(|(t, _)| t.key == key));
+
+        slot.hold();
+        assert!(matches!(slot.begin(), Begun::Kept));
+        assert!(slot.is_kept());
+        assert!(slot.resume(), "the kept cancel is the caller's");
+        assert!(!slot.is_kept());
+        assert!(
+            forwarded(slot.begin()).is_some_and(|(t, _)| t.key == key),
+            "cancels reach the server again"
+        );
     }
 
     #[test]

@@ -853,6 +853,21 @@ async fn waiters_run_the_query_at_once_when_the_fill_stores_nothing() {
 }
 
 #[tokio::test]
+async fn a_cancel_while_waiting_for_another_sessions_fill_answers_at_once() {
+    let (pg, memo, direct) = setup().await;
+    cache_support::a_cancel_while_waiting_for_another_sessions_fill_answers_at_once(
+        &pg, &memo, &direct,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_cancel_during_catalog_lookups_cancels_the_statement() {
+    let (_pg, memo, direct) = setup().await;
+    cache_support::a_cancel_during_catalog_lookups_cancels_the_statement(&memo, &direct).await;
+}
+
+#[tokio::test]
 async fn concurrent_misses_on_one_key_run_once() {
     let (pg, memo, _direct) = setup().await;
     cache_support::create_slow_function(&pg).await;

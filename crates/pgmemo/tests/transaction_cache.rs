@@ -287,59 +287,23 @@ async fn concurrent_misses_on_one_key_run_once() {
     .await;
 }
 
-/// A client waiting for another client's fill of the same key (single flight) is, as far as
-/// it knows, running its statement: a cancel answers it at once with 57014 instead of after
-/// the fill, and the fill goes on for the client that leads it.
 #[tokio::test]
 async fn a_cancel_while_waiting_for_another_clients_fill_answers_at_once() {
     within(DEADLINE, async {
         let (pg, memo, direct) = setup(2).await;
-        cache_support::create_slow_function(&pg).await;
-        // Planned, and slow enough to be worth a single flight.
-        let warm = memo.client("postgres", "postgres").await;
-        let slow = |n: u32| format!("SELECT v, slow({n}) FROM t WHERE id = 1");
-        assert_eq!(first(&warm, &slow(2)).await.as_deref(), Some("one"));
-        let leader = memo.client("postgres", "postgres").await;
-        let follower = memo.client("postgres", "postgres").await;
-        first(&leader, "SELECT 1").await;
-        first(&follower, "SELECT 1").await;
-
-        // The leader's read waits for a lock, so its fill lasts until the test ends it.
-        direct
-            .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
-            .await
-            .unwrap();
-        let q = slow(3);
-        let leading = tokio::spawn({
-            let q = q.clone();
-            async move { first(&leader, &q).await }
-        });
-        let blocked = "SELECT count(*) FROM pg_stat_activity \
-                       WHERE wait_event_type = 'Lock' AND query LIKE '%slow(3) FROM t%'";
-        testkit::assert_eventually(Duration::from_secs(10), "the fill waits", || async {
-            first(&direct, blocked).await.as_deref() == Some("1")
-        })
+        cache_support::a_cancel_while_waiting_for_another_sessions_fill_answers_at_once(
+            &pg, &memo, &direct,
+        )
         .await;
-        let token = follower.cancel_token();
-        let following = tokio::spawn({
-            let q = q.clone();
-            async move { follower.simple_query(&q).await.map(|_| ()) }
-        });
-        testkit::assert_eventually(Duration::from_secs(10), "the follower waits", || async {
-            show_cache(&memo, "flight_waiting").await == 1
-        })
-        .await;
-        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-        let err = tokio::time::timeout(Duration::from_secs(5), following)
-            .await
-            .expect("the cancel waited for the fill")
-            .unwrap()
-            .expect_err("the follower's statement was cancelled");
-        assert_eq!(testkit::sqlstate(&err), Some("57014"), "{err}");
-        assert_eq!(show_cache(&memo, "flight_waiting").await, 0);
+    })
+    .await;
+}
 
-        direct.batch_execute("COMMIT").await.unwrap();
-        assert_eq!(leading.await.unwrap().as_deref(), Some("one"));
+#[tokio::test]
+async fn a_cancel_during_catalog_lookups_cancels_the_statement() {
+    within(DEADLINE, async {
+        let (_pg, memo, direct) = setup(2).await;
+        cache_support::a_cancel_during_catalog_lookups_cancels_the_statement(&memo, &direct).await;
     })
     .await;
 }

@@ -75,12 +75,15 @@ pub fn sqlstate(e: &tokio_postgres::Error) -> Option<&str> {
 
 /// Whether exactly one session with `application_name` is running a `pg_sleep` statement right
 /// now, as `direct` (a connection to the same server) sees in `pg_stat_activity`; `false` if the
-/// probe fails. Tests about cancelling wait for this before they cancel.
+/// probe fails. Tests about cancelling wait for this before they cancel. The session must be
+/// sleeping: `active` alone also shows while the statement's Parse is processed, and a cancel
+/// arriving between the Parse and the Execute is ignored.
 pub async fn pg_sleep_running(direct: &Client, application_name: &str) -> bool {
     direct
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-             AND state = 'active' AND query LIKE 'SELECT pg_sleep%'",
+             AND state = 'active' AND query LIKE 'SELECT pg_sleep%' \
+             AND wait_event = 'PgSleep'",
             &[&application_name],
         )
         .await

@@ -143,7 +143,11 @@ pub async fn serve(socket: FastSocket, peer: Peer, shared: Arc<Shared>) {
         let db = shared
             .cache
             .database(&route.key.host, route.key.port, &route.key.database);
-        let mut session = super::cached::CacheSession::new(db, &route.client_database);
+        let mut session = super::cached::CacheSession::new(
+            db,
+            &route.client_database,
+            Arc::clone(&registration.slot),
+        );
         let ended =
             super::cached::run(&mut client, &mut server, &shared, max_message, &mut session).await;
         if session.writes_unanswered {

@@ -899,6 +899,123 @@ pub async fn trigger_tables(pg: &TempPostgres) {
     .await;
 }
 
+/// A session waiting for another session's fill of the same key (single flight) is, as far
+/// as its client knows, running its statement: a cancel answers it at once with 57014
+/// instead of after the fill (session pooling: its server is idle, and PostgreSQL would
+/// ignore the cancel), the session goes on, and the fill goes on for the session that leads
+/// it.
+pub async fn a_cancel_while_waiting_for_another_sessions_fill_answers_at_once(
+    pg: &TempPostgres,
+    memo: &PgmemoInstance,
+    direct: &Client,
+) {
+    create_slow_function(pg).await;
+    // Planned, and slow enough to be worth a single flight.
+    let warm = memo.client("postgres", "postgres").await;
+    let slow = |n: u32| format!("SELECT v, slow({n}) FROM t WHERE id = 1");
+    assert_eq!(first(&warm, &slow(2)).await.as_deref(), Some("one"));
+    let leader = memo.client("postgres", "postgres").await;
+    let follower = Arc::new(memo.client("postgres", "postgres").await);
+    first(&leader, "SELECT 1").await;
+    first(&follower, "SELECT 1").await;
+
+    // The leader's read waits for a lock, so its fill lasts until the test ends it.
+    direct
+        .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let q = slow(3);
+    let leading = tokio::spawn({
+        let q = q.clone();
+        async move { first(&leader, &q).await }
+    });
+    let blocked = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%slow(3) FROM t%'";
+    testkit::assert_eventually(Duration::from_secs(10), "the fill waits", || async {
+        // `direct` is inside its transaction, where pg_stat_activity is read once.
+        direct
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        first(direct, blocked).await.as_deref() == Some("1")
+    })
+    .await;
+    let token = follower.cancel_token();
+    let following = tokio::spawn({
+        let (q, follower) = (q.clone(), follower.clone());
+        async move { follower.simple_query(&q).await.map(|_| ()) }
+    });
+    testkit::assert_eventually(Duration::from_secs(10), "the follower waits", || async {
+        show_cache(memo, "flight_waiting").await == 1
+    })
+    .await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), following)
+        .await
+        .expect("the cancel waited for the fill")
+        .unwrap()
+        .expect_err("the follower's statement was cancelled");
+    assert_eq!(testkit::sqlstate(&err), Some("57014"), "{err}");
+    assert_eq!(show_cache(memo, "flight_waiting").await, 0);
+    assert_eq!(
+        first(&follower, "SELECT 'in step'").await.as_deref(),
+        Some("in step"),
+        "the follower's session goes on"
+    );
+
+    direct.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(leading.await.unwrap().as_deref(), Some("one"));
+    // The follower's cancel stopped nothing else: its statement is answered from the fill.
+    assert_eq!(first(&follower, &q).await.as_deref(), Some("one"));
+}
+
+/// A cancel while pgmemo looks up a new statement's tables on the server (the lookup waits
+/// for a lock on a catalog here) answers the statement with 57014 once the lookup is done:
+/// sent on to the server, it would stop the lookup instead, and the statement would then run
+/// to its end. The session goes on, and the statement runs normally when asked again.
+pub async fn a_cancel_during_catalog_lookups_cancels_the_statement(
+    memo: &PgmemoInstance,
+    direct: &Client,
+) {
+    let c = Arc::new(memo.client("postgres", "postgres").await);
+    first(&c, "SELECT 1").await;
+    direct
+        .batch_execute("BEGIN; LOCK TABLE pg_catalog.pg_inherits IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let q = "SELECT v FROM t WHERE id = 2 AND v <> 'looked up'";
+    let token = c.cancel_token();
+    let running = tokio::spawn({
+        let c = c.clone();
+        async move { c.simple_query(q).await.map(|_| ()) }
+    });
+    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                   AND query LIKE '/* pgmemo catalog lookup */%'";
+    testkit::assert_eventually(Duration::from_secs(10), "the lookup waits", || async {
+        // `direct` is inside its transaction, where pg_stat_activity is read once.
+        direct
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        first(direct, blocked).await.as_deref() == Some("1")
+    })
+    .await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    direct.batch_execute("COMMIT").await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the statement ended")
+        .unwrap()
+        .expect_err("the statement was cancelled");
+    assert_eq!(testkit::sqlstate(&err), Some("57014"), "{err}");
+    assert_eq!(
+        first(&c, "SELECT 'in step'").await.as_deref(),
+        Some("in step"),
+        "the session goes on"
+    );
+    assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+}
+
 /// A slow cacheable read: `slow(x)` is declared IMMUTABLE and sleeps 0.6 s. Creates it.
 pub async fn create_slow_function(pg: &TempPostgres) {
     pg.psql(

@@ -101,14 +101,18 @@ impl<'a> Requests<'a> {
         planner::memoized(&planning, text)
     }
 
-    /// The plan of a statement text (memoized by shape), and whether the text holds a time
-    /// literal. Catalog lookups run only when `can_ask`.
+    /// The plan of a statement text (memoized by shape), whether the text holds a time
+    /// literal, and whether a cancel came during its lookups. Catalog lookups run only when
+    /// `can_ask`. With `hold_cancels` (a simple Query outside a transaction block, the server
+    /// idle), a cancel during the lookups is kept rather than sent to the idle server, which
+    /// would ignore it, and the caller answers the statement as cancelled.
     pub(super) async fn plan_for<SW: AsyncWrite + Unpin>(
         &mut self,
         text: &str,
         can_ask: bool,
+        hold_cancels: bool,
         server: &mut SW,
-    ) -> Result<(Arc<Plan>, bool), PumpError> {
+    ) -> Result<(Arc<Plan>, bool, bool), PumpError> {
         let (context_id, standard_conforming_strings) = self.planning_context();
         // Under REPEATABLE READ or SERIALIZABLE the catalog would be read as of the
         // transaction's snapshot, which may predate DDL (row security enabled, a trigger
@@ -129,16 +133,24 @@ impl<'a> Requests<'a> {
             epoch,
         };
         if let Some(found) = planner::memoized_with(&planning, text, &mut self.session.memo_key) {
-            return Ok(found);
+            return Ok((found.0, found.1, false));
+        }
+        let slot = (can_ask && hold_cancels).then(|| Arc::clone(&self.session.cancel));
+        if let Some(slot) = &slot {
+            slot.hold();
         }
         let mut catalog = self.catalog(server);
         // Boxed: the catalog queries' state would otherwise make every request's future
         // larger, and moving it costs on every request.
-        Box::pin(planner::plan(
+        let planned = Box::pin(planner::plan(
             &planning,
             text,
             can_ask.then_some(&mut catalog),
         ))
-        .await
+        .await;
+        // Resumed on every way out (a failed lookup's connection error included).
+        let cancelled = slot.is_some_and(|slot| slot.resume());
+        let (plan, time_literal) = planned?;
+        Ok((plan, time_literal, cancelled))
     }
 }

@@ -609,7 +609,12 @@ impl Requests<'_> {
         let text = lossy_text(text);
         // The lookup's key is the capture's unless the text was not UTF-8.
         let key_built = looked_up && matches!(text, std::borrow::Cow::Borrowed(_));
-        let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
+        let hold_cancels = status == TransactionStatus::Idle;
+        let (plan, time_literal, cancelled) =
+            self.plan_for(&text, can_ask, hold_cancels, server).await?;
+        if cancelled {
+            return answer_cancelled(client).await;
+        }
         self.apply_statement_changes(&plan);
         let refusal = refusal(&plan, usable, time_literal);
         let capture = match refusal {
@@ -623,7 +628,14 @@ impl Requests<'_> {
         let action = match refusal {
             Ok(()) => match capture {
                 Some(c) => match self
-                    .single_flight(c, client, (status, at_boundary), b"", Described::Portal)
+                    .single_flight(
+                        c,
+                        client,
+                        (status, at_boundary),
+                        b"",
+                        Described::Portal,
+                        true,
+                    )
                     .await?
                 {
                     Some(c) => Action::Capture(c),
@@ -700,6 +712,7 @@ impl Requests<'_> {
         (status, at_boundary): (TransactionStatus, bool),
         prefix: &[u8],
         described: Described<'_>,
+        simple_query: bool,
     ) -> Result<Option<Box<Capture>>, PumpError> {
         if !at_boundary || !capture.query.worth_single_flight() {
             return Ok(Some(capture));
@@ -712,7 +725,23 @@ impl Requests<'_> {
             // Boxed, like other rare waits, to keep every request's future small.
             Flight::Follower(done) => {
                 Box::pin(async {
-                    self.shared.cache.wait_for_flight(done).await;
+                    // A simple Query outside a transaction block waits here with its server
+                    // idle: a cancel meanwhile is kept, and answers it.
+                    if simple_query && status == TransactionStatus::Idle {
+                        let slot = Arc::clone(&self.session.cancel);
+                        slot.hold();
+                        tokio::select! {
+                            biased;
+                            () = slot.cancel_kept() => {}
+                            () = self.shared.cache.wait_for_flight(done) => {}
+                        }
+                        if slot.resume() {
+                            answer_cancelled(client).await?;
+                            return Ok(None);
+                        }
+                    } else {
+                        self.shared.cache.wait_for_flight(done).await;
+                    }
                     self.session.key.clear();
                     self.session.key.extend_from_slice(&capture.key);
                     // Single flight happens at a boundary: answer directly.
@@ -1081,7 +1110,8 @@ impl Requests<'_> {
                 }
                 Some(Ok(planned)) => planned,
                 Some(Err(text)) => {
-                    let (plan, time_literal) = self.plan_for(&text, can_ask, server).await?;
+                    let (plan, time_literal, _) =
+                        self.plan_for(&text, can_ask, false, server).await?;
                     if let (Some(s), Some(id)) =
                         (self.session.statements.get_mut(stmt_name.as_ref()), ctx_id)
                     {
@@ -1155,7 +1185,14 @@ impl Requests<'_> {
                     .as_ref()
                     .map_or(Described::Nothing, |s| s.described(bytes));
                 match self
-                    .single_flight(c, client, (status, at_boundary), BIND_COMPLETE, described)
+                    .single_flight(
+                        c,
+                        client,
+                        (status, at_boundary),
+                        BIND_COMPLETE,
+                        described,
+                        false,
+                    )
                     .await?
                 {
                     Some(c) => Action::Capture(c),
@@ -1254,7 +1291,14 @@ impl Requests<'_> {
     {
         let action = match miss.capture {
             Some(c) => match self
-                .single_flight(c, client, (status, at_boundary), BIND_COMPLETE, described)
+                .single_flight(
+                    c,
+                    client,
+                    (status, at_boundary),
+                    BIND_COMPLETE,
+                    described,
+                    false,
+                )
                 .await?
             {
                 Some(c) => {
@@ -1309,6 +1353,24 @@ fn refusal(plan: &Plan, usable: Result<(), Refusal>, time_literal: bool) -> Resu
         return Err(Refusal::TimeLiteral);
     }
     Ok(())
+}
+
+/// Answers a simple Query outside a transaction block that was cancelled before it reached
+/// the server (see [`crate::cancel::CancelSlot::hold`]): the error PostgreSQL gives, and
+/// ReadyForQuery. Nothing of it ran.
+async fn answer_cancelled<CW: AsyncWrite + Unpin>(
+    client: &ClientWriter<CW>,
+) -> Result<(), PumpError> {
+    let mut out = BytesMut::with_capacity(96);
+    wire::ErrorResponse::error(
+        wire::sqlstate::QUERY_CANCELED,
+        "canceling statement due to user request",
+    )
+    .encode_into(&mut out);
+    out.extend_from_slice(&wire::backend::ready_for_query(TransactionStatus::Idle));
+    let mut w = client.lock().await;
+    w.write_all(&out).await.map_err(PumpError::Client)?;
+    w.flush().await.map_err(PumpError::Client)
 }
 
 async fn send<W: AsyncWrite + Unpin>(server: &mut W, bytes: &[u8]) -> Result<(), PumpError> {

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use crate::cache::context::Context;
 use crate::cache::plan::Plan;
 use crate::cache::DatabaseCache;
+use crate::cancel::CancelSlot;
 use crate::hash::Map;
 
 /// A statement prepared with Parse (or `PREPARE`), as the client named it.
@@ -152,13 +153,21 @@ pub struct CacheSession {
     /// The relay ended with a request that may write unanswered (see `cached::run`): the
     /// server may still commit it.
     pub writes_unanswered: bool,
+    /// The client's cancel slot: held while a statement waits in pgmemo with the server idle
+    /// (see [`CancelSlot::hold`]).
+    pub cancel: Arc<CancelSlot>,
 }
 
 impl CacheSession {
     /// A session on `db` (called `client_database` by the client) whose context is not
     /// known yet.
-    pub fn new(db: Arc<DatabaseCache>, client_database: &str) -> CacheSession {
+    pub fn new(
+        db: Arc<DatabaseCache>,
+        client_database: &str,
+        cancel: Arc<CancelSlot>,
+    ) -> CacheSession {
         CacheSession {
+            cancel,
             db,
             client_database: client_database.to_owned(),
             context: None,

@@ -289,6 +289,17 @@ pub async fn run(
                 continue;
             }
         }
+        if answerable && cancel.is_kept() {
+            // A cancel came while the cache readied the server (the context read, catalog
+            // lookups): the request is answered as cancelled, and the server, idle, goes back.
+            lease.return_idle(server, true);
+            if let Err(end) =
+                cancelled(client, cache.as_mut(), cancel, max_message, &mut stopped).await
+            {
+                return end;
+            }
+            continue;
+        }
         server.stage_cancel(cancel);
         let idle_timeout = checkout.config.idle_transaction_timeout.0;
         let max_prepared = checkout.config.max_prepared_statements;

@@ -308,11 +308,14 @@ impl TxnCache {
         Detached::Attach(Some(request))
     }
 
-    /// The request [`TxnCache::detached`] passed on is answered without a server (cancelled
-    /// while queued): a fill it leads ends, so that the clients waiting for it go on.
+    /// The request [`TxnCache::detached`] passed on is answered without running it (cancelled
+    /// while it waited): a fill it leads or captures ends, so that the clients waiting for it
+    /// go on.
     pub fn forget_request(&mut self) {
         self.leading = None;
         self.planned = None;
+        self.fills.clear();
+        self.first_unsent = false;
     }
 
     /// Single flight, before a server is taken: when the memo says the request's result may
