@@ -349,6 +349,7 @@ mod tests {
             "# TYPE pgmemo_cache_hits_total counter\npgmemo_cache_hits_total 3\n".to_owned(),
             "pgmemo_cache_saved_seconds_total 1.25\n".to_owned(),
             "pgmemo_cache_enabled 1\n".to_owned(),
+            "# TYPE pgmemo_cache_flight_waiting gauge\npgmemo_cache_flight_waiting 0\n".to_owned(),
             format!("pgmemo_pool_size{labels} 7\n"),
             format!("pgmemo_pool_server_idle_connections{labels} 0\n"),
             format!("pgmemo_pool_clients_waiting{labels} 0\n"),
@@ -362,7 +363,7 @@ mod tests {
         let families = page.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = page.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(families, helps);
-        assert_eq!(families, 12 + 4 + 1 + 11 + 3 + 2 + 5 + 1, "{page}");
+        assert_eq!(families, 12 + 4 + 1 + 11 + 4 + 2 + 5 + 1, "{page}");
         assert_eq!(
             page.matches("pgmemo_cache_refusals_total{").count(),
             Refusal::ALL.len(),

@@ -929,17 +929,7 @@ pub async fn a_cancel_while_waiting_for_another_sessions_fill_answers_at_once(
         let q = q.clone();
         async move { first(&leader, &q).await }
     });
-    let blocked = "SELECT count(*) FROM pg_stat_activity \
-                   WHERE wait_event_type = 'Lock' AND query LIKE '%slow(3) FROM t%'";
-    testkit::assert_eventually(Duration::from_secs(10), "the fill waits", || async {
-        // `direct` is inside its transaction, where pg_stat_activity is read once.
-        direct
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
-            .await
-            .unwrap();
-        first(direct, blocked).await.as_deref() == Some("1")
-    })
-    .await;
+    await_lock_wait(direct, "%slow(3) FROM t%", "the fill waits").await;
     let token = follower.cancel_token();
     let following = tokio::spawn({
         let (q, follower) = (q.clone(), follower.clone());
@@ -989,17 +979,7 @@ pub async fn a_cancel_during_catalog_lookups_cancels_the_statement(
         let c = c.clone();
         async move { c.simple_query(q).await.map(|_| ()) }
     });
-    let blocked = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                   AND query LIKE '/* pgmemo catalog lookup */%'";
-    testkit::assert_eventually(Duration::from_secs(10), "the lookup waits", || async {
-        // `direct` is inside its transaction, where pg_stat_activity is read once.
-        direct
-            .batch_execute("SELECT pg_stat_clear_snapshot()")
-            .await
-            .unwrap();
-        first(direct, blocked).await.as_deref() == Some("1")
-    })
-    .await;
+    await_lock_wait(direct, "/* pgmemo catalog lookup */%", "the lookup waits").await;
     token.cancel_query(tokio_postgres::NoTls).await.unwrap();
     direct.batch_execute("COMMIT").await.unwrap();
     let err = tokio::time::timeout(Duration::from_secs(5), running)
@@ -1014,6 +994,28 @@ pub async fn a_cancel_during_catalog_lookups_cancels_the_statement(
         "the session goes on"
     );
     assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+}
+
+/// Waits until exactly one session waits for a lock while running a statement `LIKE like`,
+/// as `direct` sees it. `direct` may be inside a transaction (holding that lock): there
+/// pg_stat_activity is read once, so the snapshot is cleared before each look.
+async fn await_lock_wait(direct: &Client, like: &str, what: &str) {
+    testkit::assert_eventually(Duration::from_secs(10), what, || async {
+        direct
+            .batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        let waiting = direct
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&like],
+            )
+            .await
+            .unwrap();
+        waiting.get::<_, i64>(0) == 1
+    })
+    .await;
 }
 
 /// A slow cacheable read: `slow(x)` is declared IMMUTABLE and sleeps 0.6 s. Creates it.
