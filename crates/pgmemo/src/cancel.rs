@@ -1,10 +1,13 @@
 //! Cancel requests: pgmemo hands every client its own BackendKeyData and remembers which server
 //! session that key stands for right now, so a CancelRequest reaches the right server process.
 //!
-//! In transaction pooling a client's request may wait before any server runs it: for a place
-//! in the pool, or for the cache's catalog lookups. A cancel then has no server to go to, yet
-//! the client's statement is in progress as far as the client can tell, so the cancel is kept
-//! and forwarded once the request has been sent (see [`CancelSlot::await_server`]).
+//! A client's statement may wait in pgmemo before any server runs it: for a place in the pool
+//! or another client's fill of the cache (transaction pooling), or while pgmemo looks up its
+//! tables on an idle server (both modes). A cancel then has nowhere useful to go, yet the
+//! statement is in progress as far as the client can tell, so the slot keeps it: the session
+//! answers the statement as cancelled (57014) without running it, or, where it cannot, forwards
+//! the cancel once the request has been sent (see [`CancelSlot::await_server`] and
+//! [`CancelSlot::hold`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -27,8 +30,9 @@ struct ServerCancelTarget {
 /// setting it is one atomic store rather than a lock and a reference count.
 ///
 /// Between a request that needs a server and the moment it is sent, the slot is *waiting*: a
-/// cancel arriving then is kept instead of dropped, and the session forwards it itself once it
-/// has sent the request ([`CancelSlot::request_sent`]). Sent earlier, to a server still idle,
+/// cancel arriving then is kept instead of dropped ([`CancelSlot::cancel_kept`] wakes the
+/// session), and the session answers the request itself or forwards the cancel once it has
+/// sent the request ([`CancelSlot::request_sent`]). Sent earlier, to a server still idle,
 /// PostgreSQL would ignore it, and the statement would run to its end.
 ///
 /// A cancel takes a moment to reach PostgreSQL (a new connection to the postmaster). If the
