@@ -960,33 +960,23 @@ pub async fn a_cancel_while_waiting_for_another_sessions_fill_answers_at_once(
 }
 
 /// A cancel while pgmemo looks up a new statement's tables on the server (the lookup waits
-/// for a lock on a catalog here) answers the statement with 57014 once the lookup is done:
-/// sent on to the server, it would stop the lookup instead, and the statement would then run
-/// to its end. The session goes on, and the statement runs normally when asked again.
+/// for a lock on a catalog here) answers the statement with 57014 once the lookup is done,
+/// without running it: sent on to the server, it would stop the lookup instead, and the
+/// statement would then run to its end. The session goes on, and the statement runs normally
+/// when asked again. (A simple Query outside a transaction block: what session pooling
+/// answers so.)
 pub async fn a_cancel_during_catalog_lookups_cancels_the_statement(
     memo: &PgmemoInstance,
     direct: &Client,
-) {
+) -> Arc<Client> {
     let c = Arc::new(memo.client("postgres", "postgres").await);
     first(&c, "SELECT 1").await;
-    direct
-        .batch_execute("BEGIN; LOCK TABLE pg_catalog.pg_inherits IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
     let q = "SELECT v FROM t WHERE id = 2 AND v <> 'looked up'";
-    let token = c.cancel_token();
-    let running = tokio::spawn({
+    let simple = {
         let c = c.clone();
         async move { c.simple_query(q).await.map(|_| ()) }
-    });
-    await_lock_wait(direct, "/* pgmemo catalog lookup */%", "the lookup waits").await;
-    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-    direct.batch_execute("COMMIT").await.unwrap();
-    let err = tokio::time::timeout(Duration::from_secs(5), running)
-        .await
-        .expect("the statement ended")
-        .unwrap()
-        .expect_err("the statement was cancelled");
+    };
+    let err = cancelled_during_lookup(direct, &c, simple).await;
     assert_eq!(testkit::sqlstate(&err), Some("57014"), "{err}");
     assert_eq!(
         first(&c, "SELECT 'in step'").await.as_deref(),
@@ -994,6 +984,31 @@ pub async fn a_cancel_during_catalog_lookups_cancels_the_statement(
         "the session goes on"
     );
     assert_eq!(first(&c, q).await.as_deref(), Some("two"));
+    c
+}
+
+/// Runs `statement` (of client `c`, a statement pgmemo has not planned) while `direct` holds
+/// a lock the catalog lookup needs, cancels it once the lookup waits, lets the lookup go on,
+/// and returns the statement's error.
+pub async fn cancelled_during_lookup(
+    direct: &Client,
+    c: &Client,
+    statement: impl std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+) -> tokio_postgres::Error {
+    direct
+        .batch_execute("BEGIN; LOCK TABLE pg_catalog.pg_inherits IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let token = c.cancel_token();
+    let running = tokio::spawn(statement);
+    await_lock_wait(direct, "/* pgmemo catalog lookup */%", "the lookup waits").await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    direct.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the statement ended")
+        .unwrap()
+        .expect_err("the statement was cancelled")
 }
 
 /// Waits until exactly one session waits for a lock while running a statement `LIKE like`,
