@@ -93,7 +93,7 @@ impl CancelSlot {
             let kept = self.kept.notified();
             tokio::pin!(kept);
             kept.as_mut().enable();
-            if self.key.load(Ordering::SeqCst) == WAITING_CANCELLED {
+            if self.is_kept() {
                 return;
             }
             kept.await;
@@ -127,11 +127,7 @@ impl CancelSlot {
             return;
         }
         // Counted before the session can detach, so the server waits for it to settle.
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let guard = InFlight {
-            slot: self.clone(),
-            delivered: true,
-        };
+        let guard = self.count_in_flight();
         let Some(target) = self.target(staged) else {
             return;
         };
@@ -196,13 +192,18 @@ impl CancelSlot {
         }
     }
 
-    /// Counts a cancel in flight and reads where it goes.
-    fn begin(self: &Arc<Self>) -> Begun {
+    /// Counts a cancel in flight until the guard is dropped.
+    fn count_in_flight(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let guard = InFlight {
+        InFlight {
             slot: self.clone(),
             delivered: true,
-        };
+        }
+    }
+
+    /// Counts a cancel in flight and reads where it goes.
+    fn begin(self: &Arc<Self>) -> Begun {
+        let guard = self.count_in_flight();
         let mut packed = self.key.load(Ordering::SeqCst);
         loop {
             match packed {
@@ -369,6 +370,15 @@ async fn deliver(target: ServerCancelTarget, mut in_flight: InFlight) -> bool {
             false
         }
     }
+}
+
+/// The error PostgreSQL gives a statement a cancel stopped: what pgmemo answers for a
+/// statement cancelled before it reached a server.
+pub fn cancelled_error() -> wire::ErrorResponse {
+    wire::ErrorResponse::error(
+        wire::sqlstate::QUERY_CANCELED,
+        "canceling statement due to user request",
+    )
 }
 
 /// How long forwarding a cancel may take, from connecting to the server closing the

@@ -1362,11 +1362,7 @@ async fn answer_cancelled<CW: AsyncWrite + Unpin>(
     client: &ClientWriter<CW>,
 ) -> Result<(), PumpError> {
     let mut out = BytesMut::with_capacity(96);
-    wire::ErrorResponse::error(
-        wire::sqlstate::QUERY_CANCELED,
-        "canceling statement due to user request",
-    )
-    .encode_into(&mut out);
+    crate::cancel::cancelled_error().encode_into(&mut out);
     out.extend_from_slice(&wire::backend::ready_for_query(TransactionStatus::Idle));
     let mut w = client.lock().await;
     w.write_all(&out).await.map_err(PumpError::Client)?;

@@ -471,10 +471,7 @@ async fn answer_cancelled(
     max_message: usize,
     stopped: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<(), End> {
-    let error = ErrorResponse::error(
-        sqlstate::QUERY_CANCELED,
-        "canceling statement due to user request",
-    );
+    let error = crate::cancel::cancelled_error();
     let sent = |r: Result<(), ClientError>| {
         r.map_err(|e| match e {
             ClientError::Io(e) => End::ClientGone(Some(e)),
