@@ -862,9 +862,21 @@ async fn a_cancel_while_waiting_for_another_sessions_fill_answers_at_once() {
 }
 
 #[tokio::test]
+async fn a_cancel_while_waiting_for_a_fill_cancels_batches_and_blocks() {
+    let (pg, memo, direct) = setup().await;
+    cache_support::a_cancel_while_waiting_for_a_fill_cancels_batches_and_blocks(
+        &pg, &memo, &direct,
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn a_cancel_during_catalog_lookups_cancels_the_statement() {
     let (_pg, memo, direct) = setup().await;
-    cache_support::a_cancel_during_catalog_lookups_cancels_the_statement(&memo, &direct).await;
+    let c =
+        cache_support::a_cancel_during_catalog_lookups_cancels_the_statement(&memo, &direct).await;
+    cache_support::a_cancel_during_catalog_lookups_cancels_batches(&c, &direct).await;
+    cache_support::a_cancel_during_catalog_lookups_in_a_block_fails_the_block(&c, &direct).await;
 }
 
 #[tokio::test]

@@ -323,6 +323,22 @@ pub fn own_queries(statements: &[&str]) -> Bytes {
     out.freeze()
 }
 
+/// A Parse that PostgreSQL refuses with a syntax error (42601) before it looks at the
+/// statement name or drops the unnamed statement (it parses the text first), so it changes
+/// nothing but the transaction: sent ahead of a request, it makes the server fail at once and
+/// skip the request's messages up to their Sync, aborting an open transaction block, which is
+/// what a cancel landing on the request's first message does. The text names pgmemo in the
+/// server's log.
+pub fn refused_parse() -> Bytes {
+    let mut out = BytesMut::with_capacity(96);
+    put_message(&mut out, tag::PARSE, |b| {
+        put_cstr(b, OWN_STATEMENT);
+        put_cstr(b, "pgmemo: canceling statement due to user request");
+        b.put_i16(0);
+    });
+    out.freeze()
+}
+
 /// Terminate.
 pub fn terminate() -> Bytes {
     Bytes::from_static(b"X\0\0\0\x04")

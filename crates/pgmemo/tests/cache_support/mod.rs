@@ -959,6 +959,96 @@ pub async fn a_cancel_while_waiting_for_another_sessions_fill_answers_at_once(
     assert_eq!(first(&follower, &q).await.as_deref(), Some("one"));
 }
 
+/// Session pooling: a cancel while an extended-protocol batch, or a statement inside a
+/// transaction block, waits for another session's fill of the same key cancels the statement
+/// without running it (nothing is left for the server to run: a cancel sent there would
+/// stop nothing); inside a block it fails the block, as it would without pgmemo.
+pub async fn a_cancel_while_waiting_for_a_fill_cancels_batches_and_blocks(
+    pg: &TempPostgres,
+    memo: &PgmemoInstance,
+    direct: &Client,
+) {
+    create_slow_function(pg).await;
+    let warm = memo.client("postgres", "postgres").await;
+    let slow = |n: i32| format!("SELECT v, slow({n}) FROM t WHERE id = 1");
+    assert_eq!(first(&warm, &slow(2)).await.as_deref(), Some("one"));
+    let leader = Arc::new(memo.client("postgres", "postgres").await);
+    let follower = Arc::new(memo.client("postgres", "postgres").await);
+    first(&follower, "SELECT 1").await;
+    // Prepared before the table is locked: a Parse would wait for the lock on the server.
+    // The follower's first execution takes the general path, its second the quick one for a
+    // statement whose plan is known.
+    let parameterized = "SELECT v, slow($1) FROM t WHERE id = 1";
+    let statements = (
+        leader.prepare(parameterized).await.unwrap(),
+        follower.prepare(parameterized).await.unwrap(),
+    );
+    for (n, how) in [
+        (3i32, "extended"),
+        (4, "simple in a block"),
+        (5, "extended in a block"),
+    ] {
+        let q = slow(n);
+        let prepared = (!how.starts_with("simple")).then(|| statements.clone());
+        direct
+            .batch_execute("BEGIN; LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        // The same request as the follower's (a Query and an Execute are keyed apart).
+        let leading = tokio::spawn({
+            let (q, leader, prepared) = (q.clone(), leader.clone(), prepared.clone());
+            async move {
+                match prepared {
+                    None => first(&leader, &q).await,
+                    Some((statement, _)) => {
+                        let rows = leader.query(&statement, &[&n]).await.unwrap();
+                        rows[0].get::<_, Option<String>>(0)
+                    }
+                }
+            }
+        });
+        let running = if prepared.is_some() {
+            parameterized.to_owned()
+        } else {
+            q.clone()
+        };
+        await_lock_wait(direct, &running, "the fill waits").await;
+        let in_block = how.ends_with("in a block");
+        if in_block {
+            follower.batch_execute("BEGIN").await.unwrap();
+        }
+        let token = follower.cancel_token();
+        let following = tokio::spawn({
+            let (q, follower, prepared) = (q.clone(), follower.clone(), prepared.clone());
+            async move {
+                match prepared {
+                    None => follower.simple_query(&q).await.map(|_| ()),
+                    Some((_, statement)) => follower.query(&statement, &[&n]).await.map(|_| ()),
+                }
+            }
+        });
+        testkit::assert_eventually(Duration::from_secs(10), "the follower waits", || async {
+            show_cache(memo, "flight_waiting").await == 1
+        })
+        .await;
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(5), following)
+            .await
+            .expect("the cancel waited for the fill")
+            .unwrap()
+            .expect_err("the follower's statement was cancelled");
+        assert_eq!(testkit::sqlstate(&err), Some("57014"), "{how}: {err}");
+        if in_block {
+            let err = follower.simple_query("SELECT 1").await.unwrap_err();
+            assert_eq!(testkit::sqlstate(&err), Some("25P02"), "{how}: {err}");
+            follower.batch_execute("ROLLBACK").await.unwrap();
+        }
+        assert_in_step(&follower).await;
+        direct.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(leading.await.unwrap().as_deref(), Some("one"), "{how}");
+    }
+}
+
 /// A cancel while pgmemo looks up a new statement's tables on the server (the lookup waits
 /// for a lock on a catalog here) answers the statement with 57014 once the lookup is done,
 /// without running it: sent on to the server, it would stop the lookup instead, and the
@@ -985,6 +1075,75 @@ pub async fn a_cancel_during_catalog_lookups_cancels_the_statement(
     );
     assert_eq!(first(&c, q).await.as_deref(), Some("two"));
     c
+}
+
+/// [`a_cancel_during_catalog_lookups_cancels_the_statement`] for extended-protocol batches,
+/// which pgmemo does not answer itself: prepared, then executed; and Parse Bind Describe
+/// Execute Sync in one. Each statement sleeps 3 s when it runs, so a lost cancel fails the
+/// test; each has a shape of its own, so each is looked up.
+pub async fn a_cancel_during_catalog_lookups_cancels_batches(c: &Arc<Client>, direct: &Client) {
+    let prepared = {
+        let (c, q) = (c.clone(), sleeper(", 1"));
+        async move { c.query(&q, &[]).await.map(|_| ()) }
+    };
+    let err = cancelled_during_lookup(direct, c, prepared).await;
+    assert_eq!(testkit::sqlstate(&err), Some("57014"), "prepared: {err}");
+    assert_in_step(c).await;
+
+    let typed = {
+        let (c, q) = (c.clone(), sleeper(", 1, 2"));
+        async move { c.query_typed(&q, &[]).await.map(|_| ()) }
+    };
+    let err = cancelled_during_lookup(direct, c, typed).await;
+    assert_eq!(testkit::sqlstate(&err), Some("57014"), "typed: {err}");
+    assert_in_step(c).await;
+}
+
+/// Session pooling looks statements up inside transaction blocks too: a cancel meanwhile
+/// cancels the statement (simple Query, or an extended-protocol batch) and fails the block,
+/// as it would without pgmemo.
+pub async fn a_cancel_during_catalog_lookups_in_a_block_fails_the_block(
+    c: &Arc<Client>,
+    direct: &Client,
+) {
+    for (how, extra) in [("simple", ", 1, 2, 3"), ("extended", ", 1, 2, 3, 4")] {
+        c.batch_execute("BEGIN").await.unwrap();
+        let statement = {
+            let (c, q) = (c.clone(), sleeper(extra));
+            async move {
+                if how == "simple" {
+                    c.simple_query(&q).await.map(|_| ())
+                } else {
+                    c.query(&q, &[]).await.map(|_| ())
+                }
+            }
+        };
+        let err = cancelled_during_lookup(direct, c, statement).await;
+        assert_eq!(testkit::sqlstate(&err), Some("57014"), "{how}: {err}");
+        let err = c.simple_query("SELECT 1").await.unwrap_err();
+        assert_eq!(
+            testkit::sqlstate(&err),
+            Some("25P02"),
+            "{how}: the cancel failed the block: {err}"
+        );
+        c.batch_execute("ROLLBACK").await.unwrap();
+        assert_in_step(c).await;
+    }
+}
+
+/// A statement of table `t` that sleeps 3 s, with `extra` columns (which give it a shape of
+/// its own).
+fn sleeper(extra: &str) -> String {
+    format!("SELECT v, pg_sleep(3)::text{extra} FROM t WHERE id = 2")
+}
+
+/// The session answers a statement after a cancelled one.
+async fn assert_in_step(c: &Client) {
+    assert_eq!(
+        first(c, "SELECT 'in step'").await.as_deref(),
+        Some("in step"),
+        "the session goes on"
+    );
 }
 
 /// Runs `statement` (of client `c`, a statement pgmemo has not planned) while `direct` holds

@@ -404,3 +404,18 @@ fn own_queries_leave_the_unnamed_statement_and_portal_alone() {
         .collect();
     assert_eq!(texts, [Bytes::from("SELECT 1"), Bytes::from("SELECT 2")]);
 }
+
+#[test]
+fn a_refused_parse_is_one_named_parse_of_a_text_that_is_not_sql() {
+    let msgs = decode_all(&refused_parse());
+    let [FrontendMessage::Parse(p)] = &msgs[..] else {
+        panic!("{msgs:?}");
+    };
+    assert_eq!(
+        &p.name[..],
+        OWN_STATEMENT.as_bytes(),
+        "never the unnamed statement"
+    );
+    assert!(p.query.starts_with(b"pgmemo: "), "{:?}", p.query);
+    assert!(p.param_types.is_empty());
+}

@@ -64,6 +64,10 @@ pub(crate) struct Directive {
     /// answered from the cache (ParseComplete), or a Close of the unnamed statement that a
     /// Query answered from the cache dropped for the client (CloseComplete).
     pub swallow_first: Option<u8>,
+    /// The request's cancel came before it was sent: pgmemo put a Parse the server refuses
+    /// ahead of it ([`wire::frontend::refused_parse`]), so the response's first
+    /// ErrorResponse is that Parse's, and the client gets the cancel's error (57014) instead.
+    pub cancelled: bool,
     /// The client's Parses and Binds in this request, which their completions confirm.
     pub confirms: session::Confirmations,
 }
@@ -73,6 +77,7 @@ impl Directive {
     pub(crate) fn merge(&mut self, other: Directive) {
         self.effects.merge(&other.effects);
         self.swallow_first = self.swallow_first.or(other.swallow_first);
+        self.cancelled |= other.cancelled;
         self.confirms.extend(other.confirms);
         if !matches!(other.action, Action::Forward) {
             self.action = other.action;

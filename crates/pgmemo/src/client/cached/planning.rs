@@ -103,14 +103,13 @@ impl<'a> Requests<'a> {
 
     /// The plan of a statement text (memoized by shape), whether the text holds a time
     /// literal, and whether a cancel came during its lookups. Catalog lookups run only when
-    /// `can_ask`. With `hold_cancels` (a simple Query outside a transaction block, the server
-    /// idle), a cancel during the lookups is kept rather than sent to the idle server, which
-    /// would ignore it, and the caller answers the statement as cancelled.
+    /// `can_ask` (at a boundary: the server idle but for them). A cancel during the lookups is
+    /// kept rather than sent to the server, where it would stop a lookup (or reach nothing),
+    /// and the caller answers the statement as cancelled.
     pub(super) async fn plan_for<SW: AsyncWrite + Unpin>(
         &mut self,
         text: &str,
         can_ask: bool,
-        hold_cancels: bool,
         server: &mut SW,
     ) -> Result<(Arc<Plan>, bool, bool), PumpError> {
         let (context_id, standard_conforming_strings) = self.planning_context();
@@ -135,7 +134,7 @@ impl<'a> Requests<'a> {
         if let Some(found) = planner::memoized_with(&planning, text, &mut self.session.memo_key) {
             return Ok((found.0, found.1, false));
         }
-        let slot = (can_ask && hold_cancels).then(|| Arc::clone(&self.session.cancel));
+        let slot = can_ask.then(|| Arc::clone(&self.session.cancel));
         if let Some(slot) = &slot {
             slot.hold();
         }

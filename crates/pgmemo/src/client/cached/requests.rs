@@ -37,6 +37,16 @@ const BIND_COMPLETE: &[u8] = b"2\0\0\0\x04";
 /// ParseComplete and BindComplete, as a hit answers a Parse and a Bind.
 const PARSE_AND_BIND_COMPLETE: &[u8] = b"1\0\0\0\x042\0\0\0\x04";
 
+/// How a cacheable miss goes on after [`Requests::single_flight`].
+enum Flown {
+    /// To the server, capturing its result (the fill is this session's, or not shared).
+    Send(Box<Capture>),
+    /// Answered from the entry another session stored meanwhile.
+    Answered,
+    /// A cancel came while it waited for another session's fill.
+    Cancelled,
+}
+
 /// A miss routed by [`Requests::quick_miss`].
 struct QuickMiss {
     /// The capture, when the result is to be stored.
@@ -295,6 +305,7 @@ impl Requests<'_> {
                 action,
                 effects,
                 swallow_first: None,
+                cancelled: false,
                 confirms,
             });
         }
@@ -327,6 +338,7 @@ impl Requests<'_> {
             action: Action::Forward,
             effects: Effects::default(),
             swallow_first: Some(answer),
+            cancelled: false,
             confirms: Confirmations::default(),
         });
         send(server, &message).await
@@ -609,11 +621,9 @@ impl Requests<'_> {
         let text = lossy_text(text);
         // The lookup's key is the capture's unless the text was not UTF-8.
         let key_built = looked_up && matches!(text, std::borrow::Cow::Borrowed(_));
-        let hold_cancels = status == TransactionStatus::Idle;
-        let (plan, time_literal, cancelled) =
-            self.plan_for(&text, can_ask, hold_cancels, server).await?;
+        let (plan, time_literal, cancelled) = self.plan_for(&text, can_ask, server).await?;
         if cancelled {
-            return answer_cancelled(client).await;
+            return self.query_cancelled(status, client, server).await;
         }
         self.apply_statement_changes(&plan);
         let refusal = refusal(&plan, usable, time_literal);
@@ -628,18 +638,14 @@ impl Requests<'_> {
         let action = match refusal {
             Ok(()) => match capture {
                 Some(c) => match self
-                    .single_flight(
-                        c,
-                        client,
-                        (status, at_boundary),
-                        b"",
-                        Described::Portal,
-                        true,
-                    )
+                    .single_flight(c, client, (status, at_boundary), b"", Described::Portal)
                     .await?
                 {
-                    Some(c) => Action::Capture(c),
-                    None => return Ok(()),
+                    Flown::Send(c) => Action::Capture(c),
+                    Flown::Answered => return Ok(()),
+                    Flown::Cancelled => {
+                        return self.query_cancelled(status, client, server).await;
+                    }
                 },
                 None => Action::Forward,
             },
@@ -703,8 +709,10 @@ impl Requests<'_> {
     }
 
     /// Leads the fill of the capture's key, or waits for the session already filling it and
-    /// answers from its entry. `None` when the request was answered. A pipelined request
-    /// (not `at_boundary`) never waits: its answer must keep its place behind the others.
+    /// answers from its entry. A pipelined request (not `at_boundary`) never waits: its
+    /// answer must keep its place behind the others. The wait happens with the server idle,
+    /// where PostgreSQL would ignore a cancel: one that comes meanwhile is kept and ends the
+    /// wait ([`Flown::Cancelled`]).
     async fn single_flight<CW: AsyncWrite + Unpin>(
         &mut self,
         mut capture: Box<Capture>,
@@ -712,35 +720,27 @@ impl Requests<'_> {
         (status, at_boundary): (TransactionStatus, bool),
         prefix: &[u8],
         described: Described<'_>,
-        simple_query: bool,
-    ) -> Result<Option<Box<Capture>>, PumpError> {
+    ) -> Result<Flown, PumpError> {
         if !at_boundary || !capture.query.worth_single_flight() {
-            return Ok(Some(capture));
+            return Ok(Flown::Send(capture));
         }
         match self.shared.cache.flights.join(&capture.key) {
             Flight::Leader(guard) => {
                 capture.flight = Some(guard);
-                Ok(Some(capture))
+                Ok(Flown::Send(capture))
             }
             // Boxed, like other rare waits, to keep every request's future small.
             Flight::Follower(done) => {
                 Box::pin(async {
-                    // A simple Query outside a transaction block waits here with its server
-                    // idle: a cancel meanwhile is kept, and answers it.
-                    if simple_query && status == TransactionStatus::Idle {
-                        let slot = Arc::clone(&self.session.cancel);
-                        slot.hold();
-                        tokio::select! {
-                            biased;
-                            () = slot.cancel_kept() => {}
-                            () = self.shared.cache.wait_for_flight(done) => {}
-                        }
-                        if slot.resume() {
-                            answer_cancelled(client).await?;
-                            return Ok(None);
-                        }
-                    } else {
-                        self.shared.cache.wait_for_flight(done).await;
+                    let slot = Arc::clone(&self.session.cancel);
+                    slot.hold();
+                    tokio::select! {
+                        biased;
+                        () = slot.cancel_kept() => {}
+                        () = self.shared.cache.wait_for_flight(done) => {}
+                    }
+                    if slot.resume() {
+                        return Ok(Flown::Cancelled);
                     }
                     self.session.key.clear();
                     self.session.key.extend_from_slice(&capture.key);
@@ -749,13 +749,94 @@ impl Requests<'_> {
                         .try_hit(client, status, prefix, described, false)
                         .await?
                     {
-                        return Ok(None);
+                        return Ok(Flown::Answered);
                     }
-                    Ok(Some(capture))
+                    Ok(Flown::Send(capture))
                 })
                 .await
             }
         }
+    }
+
+    /// Answers a simple Query whose cancel came while it waited in pgmemo. Outside a
+    /// transaction block pgmemo answers it itself: nothing ran, nothing changes. Inside one
+    /// the block must fail on the server too ([`Self::send_cancelled`]).
+    async fn query_cancelled<CW, SW>(
+        &mut self,
+        status: TransactionStatus,
+        client: &ClientWriter<CW>,
+        server: &mut SW,
+    ) -> Result<(), PumpError>
+    where
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        if status == TransactionStatus::Idle {
+            answer_cancelled(client).await
+        } else {
+            self.send_cancelled(&[], &[], server).await
+        }
+    }
+
+    /// [`Self::send_cancelled`] for a batch tracked message by message: the confirmations
+    /// of its Parses and Binds will not come.
+    async fn batch_cancelled<SW: AsyncWrite + Unpin>(
+        &mut self,
+        bytes: &[u8],
+        frames: &[std::ops::Range<usize>],
+        pump: &mut Pump,
+        server: &mut SW,
+    ) -> Result<(), PumpError> {
+        pump.confirms = Confirmations::default();
+        self.send_cancelled(bytes, frames, server).await
+    }
+
+    /// Answers a request whose cancel came while it waited in pgmemo, before anything of it
+    /// was sent: `batch` (the client's messages up to their Sync; empty for a simple Query,
+    /// which is not sent) goes to the server behind a Parse the server refuses, so it runs
+    /// none of the batch and aborts an open transaction block, as a cancel landing on the
+    /// request's first message would; the client gets 57014 for that Parse's error (see
+    /// `Directive::cancelled`). The batch's Parses never reach the server: their statements
+    /// are not taken as analysed there (the records of a Parse of a new text stay unconfirmed,
+    /// which keeps them from the cache already).
+    async fn send_cancelled<SW: AsyncWrite + Unpin>(
+        &mut self,
+        batch: &[u8],
+        frames: &[std::ops::Range<usize>],
+        server: &mut SW,
+    ) -> Result<(), PumpError> {
+        for r in frames {
+            let frame = &batch[r.clone()];
+            if frame[0] == b'P' {
+                if let Some(m) = parse_message(&frame[5..]) {
+                    if let Some(st) = self.session.statements.get_mut(m.name) {
+                        st.parsed_in = None;
+                    }
+                }
+            }
+        }
+        tracing::debug!("a request cancelled before it was sent: the server refuses it");
+        self.link.push_or_merge(Directive {
+            seq: self.link.sent.load(Ordering::Relaxed),
+            action: Action::Forward,
+            effects: Effects::default(),
+            swallow_first: None,
+            cancelled: true,
+            confirms: Confirmations::default(),
+        });
+        self.request_sent(
+            Effects::default(),
+            Action::Forward,
+            false,
+            Confirmations::default(),
+        );
+        let mut out = BytesMut::from(&wire::frontend::refused_parse()[..]);
+        if batch.is_empty() {
+            out.extend_from_slice(&wire::frontend::sync());
+        } else {
+            out.extend_from_slice(batch);
+        }
+        send(server, &out).await
     }
 
     fn apply_statement_changes(&mut self, plan: &Plan) {
@@ -1071,6 +1152,8 @@ impl Requests<'_> {
         let mut effects = Effects::default();
         let mut read_ok = false;
         let mut capture = None;
+        // A cancel came while lookups or a fill of another session held the batch back.
+        let mut cancelled = false;
         for r in frames {
             let frame = &bytes[r.clone()];
             self.track_message(frame, pump, false);
@@ -1110,8 +1193,9 @@ impl Requests<'_> {
                 }
                 Some(Ok(planned)) => planned,
                 Some(Err(text)) => {
-                    let (plan, time_literal, _) =
-                        self.plan_for(&text, can_ask, false, server).await?;
+                    let (plan, time_literal, cancel) =
+                        self.plan_for(&text, can_ask, server).await?;
+                    cancelled |= cancel;
                     if let (Some(s), Some(id)) =
                         (self.session.statements.get_mut(stmt_name.as_ref()), ctx_id)
                     {
@@ -1180,27 +1264,24 @@ impl Requests<'_> {
             pump.syncs_since_request += 1;
         }
         let action = match capture {
+            _ if cancelled => return self.batch_cancelled(bytes, frames, pump, server).await,
             Some(c) if shape.as_ref().is_some_and(|s| !s.parse) => {
                 let described = shape
                     .as_ref()
                     .map_or(Described::Nothing, |s| s.described(bytes));
                 match self
-                    .single_flight(
-                        c,
-                        client,
-                        (status, at_boundary),
-                        BIND_COMPLETE,
-                        described,
-                        false,
-                    )
+                    .single_flight(c, client, (status, at_boundary), BIND_COMPLETE, described)
                     .await?
                 {
-                    Some(c) => Action::Capture(c),
+                    Flown::Send(c) => Action::Capture(c),
                     // Answered from the entry another session just stored; the batch's
                     // messages were noted but never sent.
-                    None => {
+                    Flown::Answered => {
                         self.st.unsynced.store(false, Ordering::Relaxed);
                         return Ok(());
+                    }
+                    Flown::Cancelled => {
+                        return self.batch_cancelled(bytes, frames, pump, server).await;
                     }
                 }
             }
@@ -1291,25 +1372,20 @@ impl Requests<'_> {
     {
         let action = match miss.capture {
             Some(c) => match self
-                .single_flight(
-                    c,
-                    client,
-                    (status, at_boundary),
-                    BIND_COMPLETE,
-                    described,
-                    false,
-                )
+                .single_flight(c, client, (status, at_boundary), BIND_COMPLETE, described)
                 .await?
             {
-                Some(c) => {
+                Flown::Send(c) => {
                     self.shared.cache.stats.missed(&c.query);
                     Action::Capture(c)
                 }
                 // Answered from the entry another session just stored.
-                None => {
+                Flown::Answered => {
                     self.st.unsynced.store(false, Ordering::Relaxed);
                     return Ok(());
                 }
+                // The batch holds no Parse (see `quick_miss`).
+                Flown::Cancelled => return self.send_cancelled(bytes, &[], server).await,
             },
             None => Action::Forward,
         };

@@ -30,6 +30,9 @@ struct InFlight {
     internal_rows: Vec<Row>,
     error: bool,
     swallowed: bool,
+    /// The error of pgmemo's refused Parse ahead of a cancelled request was replaced (see
+    /// `Directive::cancelled`).
+    replaced: bool,
     /// The client's ParseCompletes seen so far.
     parsed: usize,
     /// The client's BindCompletes seen so far.
@@ -163,6 +166,18 @@ where
                     pos += len;
                     continue;
                 }
+                if tag == b'E'
+                    && !flight.replaced
+                    && flight.directive.as_ref().is_some_and(|d| d.cancelled)
+                {
+                    write(&mut *writer, &buf[fwd_start..pos]).await?;
+                    write(&mut *writer, &crate::cancel::cancelled_error().encode()).await?;
+                    fwd_start = pos + len;
+                    flight.replaced = true;
+                    flight.error = true;
+                    pos += len;
+                    continue;
+                }
                 if swallow {
                     write(&mut *writer, &buf[fwd_start..pos]).await?;
                     fwd_start = pos + len;
@@ -273,6 +288,7 @@ fn start_filling(flight: &mut InFlight, d: Directive, scratch: Vec<u8>) {
         action,
         effects,
         swallow_first,
+        cancelled,
         confirms,
     } = d;
     if let Action::Capture(capture) = action {
@@ -283,6 +299,7 @@ fn start_filling(flight: &mut InFlight, d: Directive, scratch: Vec<u8>) {
         action: Action::Forward,
         effects,
         swallow_first,
+        cancelled,
         confirms,
     });
 }
