@@ -474,7 +474,10 @@ async fn settings_changed_through_a_function_call_message_do_not_leak() {
                 &["search_path", "pg_catalog", "false"],
             )])
             .await;
-        assert!(got.iter().any(|l| l.contains("'V'")), "{got:?}");
+        assert!(
+            got.iter().any(|l| l.starts_with("FunctionCallResponse")),
+            "{got:?}"
+        );
         assert_eq!(
             value(&b, "SHOW search_path").await,
             path,
@@ -1819,6 +1822,58 @@ async fn a_cancel_while_queued_for_a_server_answers_the_statement_at_once() {
             .await
             .expect("a cancel sent while idle stops no later statement");
         drop_table(&table).await;
+    })
+    .await;
+}
+
+/// A FunctionCall (libpq's `PQfn`) queued for the (only) server is answered as cancelled
+/// like a simple Query: the error and ReadyForQuery at once, and the function never runs.
+#[tokio::test]
+async fn a_function_call_queued_for_a_server_is_answered_as_cancelled() {
+    use txn_support::{msg, Raw};
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let holder = pgmemo.client(USER, DB).await;
+        let admin = pgmemo.client(USER, "pgmemo").await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        // A function with an effect no rollback undoes: a sequence's nextval.
+        let seq = testkit::unique("txn_fn_cancel");
+        direct
+            .batch_execute(&format!(
+                "CREATE SEQUENCE {seq}; CREATE FUNCTION {seq}() RETURNS bigint \
+                 LANGUAGE sql AS 'SELECT nextval(''{seq}'')'"
+            ))
+            .await
+            .unwrap();
+        let oid: u32 = value(&direct, &format!("SELECT '{seq}'::regproc::oid"))
+            .await
+            .parse()
+            .unwrap();
+        let mut a = Raw::login(pgmemo.port()).await;
+        hold(&holder).await;
+        a.send(&[msg::function_call(oid, &[])]).await;
+        assert!(
+            testkit::eventually(SOON, || async { pool_waiting(&admin).await >= 1 }).await,
+            "the FunctionCall never queued"
+        );
+        a.cancel().await;
+        // Answered while the server is still held: nothing waits for it.
+        let answer = a.until(b'Z').await;
+        assert_eq!(answer.len(), 2, "{answer:?}");
+        assert!(answer[0].contains("57014"), "{answer:?}");
+        holder.batch_execute("COMMIT").await.unwrap();
+        let called = value(&direct, &format!("SELECT is_called::text FROM {seq}")).await;
+        assert_eq!(called, "false", "the cancelled function never ran");
+        let answer = a.exchange(&[msg::function_call(oid, &[])]).await;
+        assert_eq!(
+            answer,
+            ["FunctionCallResponse 1", "ReadyForQuery I"],
+            "the session goes on, and the function runs for the first time"
+        );
+        direct
+            .batch_execute(&format!("DROP FUNCTION {seq}(); DROP SEQUENCE {seq}"))
+            .await
+            .unwrap();
     })
     .await;
 }

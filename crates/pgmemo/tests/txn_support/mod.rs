@@ -344,6 +344,9 @@ pub struct Raw {
     buf: Vec<u8>,
     /// Said when an answer does not come (which step of which script).
     pub context: String,
+    /// The BackendKeyData of the login: process id and secret key, as sent.
+    key: [u8; 8],
+    port: u16,
 }
 
 impl Raw {
@@ -357,6 +360,8 @@ impl Raw {
             stream,
             buf: Vec::new(),
             context: format!("login to port {port}"),
+            key: [0; 8],
+            port,
         };
         let mut body = 196_608u32.to_be_bytes().to_vec();
         for s in ["user", USER, "database", DB, ""] {
@@ -371,10 +376,23 @@ impl Raw {
             match tag {
                 b'R' => assert_eq!(body[..4], [0, 0, 0, 0], "only trust logins are supported"),
                 b'E' => panic!("login failed: {}", describe(tag, &body)),
+                b'K' => raw.key.copy_from_slice(&body[..8]),
                 b'Z' => return raw,
                 _ => {}
             }
         }
+    }
+
+    /// Sends a CancelRequest with this session's key, over a connection of its own.
+    pub async fn cancel(&self) {
+        let mut request = 16u32.to_be_bytes().to_vec();
+        request.extend_from_slice(&80_877_102u32.to_be_bytes());
+        request.extend_from_slice(&self.key);
+        let mut c = TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        c.write_all(&request).await.unwrap();
+        // The proxy closes the connection once it has taken the request.
+        let mut rest = Vec::new();
+        let _ = c.read_to_end(&mut rest).await;
     }
 
     pub async fn send(&mut self, messages: &[Vec<u8>]) {
@@ -547,6 +565,13 @@ pub fn describe(tag: u8, body: &[u8]) -> String {
             }
             format!("DataRow [{}]", values.join(", "))
         }
+        b'V' => match i32_at(0) {
+            len if len < 0 => "FunctionCallResponse NULL".to_owned(),
+            len => format!(
+                "FunctionCallResponse {}",
+                String::from_utf8_lossy(&body[4..4 + len as usize])
+            ),
+        },
         other => format!("Message {:?}", other as char),
     }
 }

@@ -435,15 +435,31 @@ async fn verify_settings(server: &mut ServerConn, state: &mut ClientState) {
 }
 
 /// Whether the client's first message (whole in `buf`) starts a request pgmemo can answer
-/// as cancelled without a server: a simple Query, or an extended-protocol message (the error
-/// then skips the batch to its Sync, as PostgreSQL's does).
+/// as cancelled without a server: a simple Query or a FunctionCall, or an extended-protocol
+/// message (the error then skips the batch to its Sync, as PostgreSQL's does).
 fn answers_cancel(buf: &[u8], max_message: usize) -> bool {
     use wire::frontend::tag;
     matches!(
         FrameHeader::peek(buf, max_message),
         Ok(Some(h)) if buf.len() >= h.frame_len
-            && matches!(h.tag, tag::QUERY | tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE)
+            && matches!(
+                h.tag,
+                tag::QUERY
+                    | tag::FUNCTION_CALL
+                    | tag::PARSE
+                    | tag::BIND
+                    | tag::DESCRIBE
+                    | tag::EXECUTE
+                    | tag::CLOSE
+            )
     )
+}
+
+/// Whether the client's first message is a request answered by ReadyForQuery on its own (a
+/// simple Query or a FunctionCall), rather than the start of an extended-protocol batch.
+fn stands_alone(buf: &[u8]) -> bool {
+    use wire::frontend::tag;
+    matches!(buf.first(), Some(&(tag::QUERY | tag::FUNCTION_CALL)))
 }
 
 /// A cancel came while the client's request waited for a server or another client's fill:
@@ -463,8 +479,8 @@ async fn cancelled(
 }
 
 /// Answers the client's first request (see [`answers_cancel`]) as PostgreSQL answers a
-/// statement cancelled before it produced anything: the error, then, for a simple Query, at
-/// once ReadyForQuery; for an extended-protocol batch, its messages skipped up to its Sync
+/// statement cancelled before it produced anything: the error, then, for a simple Query or a
+/// FunctionCall, at once ReadyForQuery; for an extended-protocol batch, its messages skipped up to its Sync
 /// (read as they come), then ReadyForQuery. Nothing of it ran, so the session is unchanged.
 async fn answer_cancelled(
     client: &mut ClientConn,
@@ -478,7 +494,7 @@ async fn answer_cancelled(
             _ => End::ClientGone(None),
         })
     };
-    let simple = client.buf.first() == Some(&wire::frontend::tag::QUERY);
+    let simple = stands_alone(&client.buf);
     if simple {
         let len = FrameHeader::peek(&client.buf, max_message)
             .ok()
