@@ -1049,3 +1049,42 @@ async fn a_query_that_ends_a_transaction_and_goes_on_keeps_what_committed() {
     })
     .await;
 }
+
+/// Results are stored and served per shape of the rows the client expects: after DDL changes
+/// a statement's result type, the result another client stores (of the new shape) never
+/// reaches a client that described the statement before and still decodes its rows with
+/// the old shape; that client gets PostgreSQL's 0A000 until it prepares the statement again.
+#[tokio::test]
+async fn a_result_of_another_shape_than_the_client_described_is_not_served() {
+    within(DEADLINE, async {
+        let (_pg, memo, _direct) = setup(1).await;
+        let a = memo.client("postgres", "postgres").await;
+        let b = memo.client("postgres", "postgres").await;
+        let q = "SELECT * FROM t WHERE id = 1";
+        let st = a.prepare(q).await.unwrap();
+        for _ in 0..3 {
+            let row = a.query_one(&st, &[]).await.unwrap();
+            assert_eq!(row.get::<_, String>(1), "one");
+        }
+        a.batch_execute("ALTER TABLE t ALTER COLUMN v TYPE int USING length(v)")
+            .await
+            .unwrap();
+        let b_st = b.prepare(q).await.unwrap();
+        for _ in 0..3 {
+            let row = b.query_one(&b_st, &[]).await.unwrap();
+            assert_eq!(row.get::<_, i32>(1), 3);
+        }
+        let hits = show_cache(&memo, "hits").await;
+        for _ in 0..2 {
+            let err = a
+                .query_one(&st, &[])
+                .await
+                .expect_err("rows of another shape");
+            assert_eq!(testkit::sqlstate(&err), Some("0A000"), "{err}");
+        }
+        assert_eq!(show_cache(&memo, "hits").await, hits, "nothing served to A");
+        let st = a.prepare(q).await.unwrap();
+        assert_eq!(a.query_one(&st, &[]).await.unwrap().get::<_, i32>(1), 3);
+    })
+    .await;
+}

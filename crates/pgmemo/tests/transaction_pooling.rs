@@ -2319,3 +2319,94 @@ async fn settings_pgmemo_cannot_replay_are_refused() {
     })
     .await;
 }
+
+/// A client that described a prepared statement decodes every later execution's rows with
+/// that description, without asking again (tokio-postgres, JDBC, pgx). After DDL changes the
+/// statement's result type (here its columns swap places: as many, of other types),
+/// PostgreSQL fails each execution with 0A000 `cached plan must not change result type`
+/// until the client prepares it again. pgmemo does the same where the statement is stale on
+/// the server and where it prepares it afresh on a server (which would run it and send rows
+/// of the new shape, decoded with the old one: garbage). A client that described the
+/// statement after the change executes it without an error, also on a server whose copy is
+/// stale.
+#[tokio::test]
+async fn rows_of_another_shape_than_the_client_described_are_never_sent() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("txn_shape", "(id int, v text, w int)").await;
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one', 7)"))
+            .await
+            .unwrap();
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| c.cache = Switch::Off).await;
+        let a = pgmemo.client(USER, DB).await;
+        let h = pgmemo.client(USER, DB).await;
+        let select = format!("SELECT * FROM {t}");
+        // Both servers prepare the statement before the change: A on one while H holds the
+        // other, then H on the other while A holds its own.
+        h.batch_execute("BEGIN").await.unwrap();
+        let st = a.prepare(&select).await.unwrap();
+        let row = a.query_one(&st, &[]).await.unwrap();
+        assert_eq!(
+            (row.get::<_, i32>(0), row.get::<_, String>(1)),
+            (1, "one".into())
+        );
+        h.batch_execute("COMMIT").await.unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        h.query_one(&h.prepare(&select).await.unwrap(), &[])
+            .await
+            .unwrap();
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_ne!(backend_pid(&a).await, backend_pid(&h).await);
+
+        direct
+            .batch_execute(&format!(
+                "ALTER TABLE {t} DROP COLUMN v; ALTER TABLE {t} ADD COLUMN v text DEFAULT 'new'"
+            ))
+            .await
+            .unwrap();
+        // Stale on A's server, then prepared afresh there: an error each time, as from
+        // PostgreSQL, never rows.
+        for attempt in ["stale", "prepared afresh"] {
+            let err = a
+                .query_one(&st, &[])
+                .await
+                .expect_err("rows of another shape");
+            assert_eq!(sqlstate(&err), Some("0A000"), "{attempt}: {err}");
+            assert!(
+                db_message(&err).contains("cached plan must not change result type"),
+                "{attempt}: {err}"
+            );
+        }
+        // Prepared again, the statement has the new shape and runs.
+        let st = a.prepare(&select).await.unwrap();
+        let row = a.query_one(&st, &[]).await.unwrap();
+        assert_eq!(
+            (row.get::<_, i32>(1), row.get::<_, String>(2)),
+            (7, "new".into())
+        );
+
+        // C describes the statement after the change, on A's server while H holds its own,
+        // then runs it on H's server, whose copy is still stale: no error.
+        let (server_a, server_h) = (backend_pid(&a).await, backend_pid(&h).await);
+        let c = pgmemo.client(USER, DB).await;
+        h.batch_execute("BEGIN").await.unwrap();
+        let c_st = c.prepare(&select).await.unwrap();
+        h.batch_execute("COMMIT").await.unwrap();
+        a.batch_execute("BEGIN").await.unwrap();
+        let row = c
+            .query_one(&c_st, &[])
+            .await
+            .unwrap_or_else(|e| panic!("C on the stale server: {e}"));
+        assert_eq!(
+            (row.get::<_, i32>(1), row.get::<_, String>(2)),
+            (7, "new".into())
+        );
+        assert_eq!(backend_pid(&c).await, server_h);
+        a.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(backend_pid(&a).await, server_a);
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}

@@ -344,6 +344,11 @@ pub fn terminate() -> Bytes {
     Bytes::from_static(b"X\0\0\0\x04")
 }
 
+/// Flush: the server sends what it has, without ending the batch as a Sync would.
+pub fn flush() -> Bytes {
+    Bytes::from_static(b"H\0\0\0\x04")
+}
+
 /// Sync.
 pub fn sync() -> Bytes {
     Bytes::from_static(b"S\0\0\0\x04")

@@ -164,10 +164,19 @@ impl StatementRegistry {
     }
 }
 
+/// One statement a server holds.
+struct Held {
+    statement: Arc<PreparedStatement>,
+    /// The clock at its last use.
+    used: u64,
+    /// The shape of its rows as this server described it (see [`ServerStatements::shape`]).
+    shape: Option<u64>,
+}
+
 /// The statements one server connection has prepared, with use counters for `SHOW SERVERS`.
 #[derive(Default)]
 pub struct ServerStatements {
-    prepared: Map<u64, (Arc<PreparedStatement>, u64)>,
+    prepared: Map<u64, Held>,
     clock: u64,
     /// Uses of a statement the server already had.
     pub hits: u64,
@@ -181,7 +190,7 @@ impl ServerStatements {
         self.clock += 1;
         match self.prepared.get_mut(&statement.id) {
             Some(entry) => {
-                entry.1 = self.clock;
+                entry.used = self.clock;
                 self.hits += 1;
                 true
             }
@@ -207,20 +216,45 @@ impl ServerStatements {
             let oldest = self
                 .prepared
                 .iter()
-                .min_by_key(|(_, (_, used))| *used)
+                .min_by_key(|(_, held)| held.used)
                 .map(|(id, _)| *id);
-            oldest.and_then(|id| self.prepared.remove(&id)).map(|e| e.0)
+            oldest
+                .and_then(|id| self.prepared.remove(&id))
+                .map(|e| e.statement)
         } else {
             None
         };
-        self.prepared.insert(statement.id, (statement, self.clock));
+        let held = Held {
+            statement: Arc::clone(&statement),
+            used: self.clock,
+            shape: None,
+        };
+        self.prepared.insert(statement.id, held);
         evicted
+    }
+
+    /// The shape of the rows of `statement` on this server (a digest of the RowDescription
+    /// it gave when described: see `shape_of`), when it has been described here since it
+    /// was prepared. A client that learnt another shape must not get its rows.
+    pub fn shape(&self, statement: &PreparedStatement) -> Option<u64> {
+        self.prepared.get(&statement.id).and_then(|h| h.shape)
+    }
+
+    /// Notes the shape this server described `statement` with.
+    pub fn note_shape(&mut self, statement: &PreparedStatement, shape: u64) {
+        if let Some(held) = self.prepared.get_mut(&statement.id) {
+            held.shape = Some(shape);
+        }
     }
 
     /// Records `statement` again after pgmemo's Close of it was skipped: the server still
     /// has it. Not a use; the next `insert` evicts as usual if the server holds too many.
     pub fn restore(&mut self, statement: Arc<PreparedStatement>) {
-        self.prepared.entry(statement.id).or_insert((statement, 0));
+        self.prepared.entry(statement.id).or_insert(Held {
+            statement,
+            used: 0,
+            shape: None,
+        });
     }
 
     /// Forgets a statement whose preparation failed.

@@ -51,6 +51,10 @@ pub struct ClientState {
     /// as they were when it was prepared, without looking at the catalog again, so pgmemo can
     /// tell the same on a server that lacks the statement where preparing it again fails.
     pub described: Map<u64, Described>,
+    /// The shape of the rows of each statement the client last learnt from a Describe's
+    /// answer (`shape::shape_of`), by statement id: rows of its executions that describe
+    /// nothing anew are decoded with it, so they must have that shape.
+    pub row_shapes: Map<u64, u64>,
     pub parses: u64,
     pub settings: ClientSettings,
     /// Settings whose committed value pgmemo cannot tell (a ROLLBACK TO SAVEPOINT undid some
@@ -94,6 +98,16 @@ impl ClientState {
             }
             _ => {}
         }
+    }
+
+    /// Notes the shape of `statement`'s rows that a Describe's answer just told the client.
+    pub fn note_row_shape(&mut self, statement: &PreparedStatement, shape: u64) {
+        if self.row_shapes.len() > 2 * self.statements.len() + 64 {
+            let live: std::collections::HashSet<u64, ahash::RandomState> =
+                self.statements.values().map(|s| s.id).collect();
+            self.row_shapes.retain(|id, _| live.contains(id));
+        }
+        self.row_shapes.insert(statement.id, shape);
     }
 
     /// Notes `name` for reading back after the transaction (`verify`), once.
@@ -197,6 +211,9 @@ pub struct Entry {
     /// Set on Parse and Close entries of the unnamed statement, also a Close pgmemo answers
     /// itself (boxed, as `revert`).
     pub unnamed: Option<Box<UnnamedUndo>>,
+    /// pgmemo's Describe of the statement a held Bind uses, to learn its shape on this server
+    /// (`requests::probe_shape`): never a reason to replay anything.
+    pub probe: bool,
 }
 
 impl Entry {
@@ -217,6 +234,7 @@ impl Entry {
             holds_error: false,
             effects: None,
             unnamed: None,
+            probe: false,
         }
     }
 
@@ -320,6 +338,16 @@ pub struct Link<'a> {
     /// A client message waits for the answers to batches pipelined before it
     /// (`requests::must_wait`): the server pump wakes the client pump as answers come.
     pub holding: bool,
+    /// The statement pgmemo prepared afresh and described on this server for the Bind the
+    /// client pump holds (`requests::probe_shape`).
+    pub probed: Option<u64>,
+    /// How `requests::probe_shape` found the Bind it let go: the client decodes its rows
+    /// with a shape it learnt earlier (`Some`), and whether the server's statement has
+    /// another shape (`Some(true)`: the Bind fails as PostgreSQL's would).
+    pub shape_verdict: Option<bool>,
+    /// The portal and statement of the client's last Bind: a Describe of that portal tells
+    /// the client the statement's shape.
+    pub last_bound: Option<(Bytes, Arc<PreparedStatement>)>,
     /// A statement of this attachment left the server's settings unknown with values to read
     /// back (`ClientState::verify`): the next request waits for the server to go back to
     /// the pool, which reads them first, as the sync before a request would reset them.

@@ -93,6 +93,7 @@ pub fn answer(
         match statement {
             Some(statement) => {
                 state.described.remove(&statement.id);
+                state.row_shapes.remove(&statement.id);
                 state.statements.insert(name, statement);
                 out.extend_from_slice(&super::requests::parse_complete());
             }

@@ -14,6 +14,7 @@ mod local;
 mod plain;
 mod requests;
 mod responses;
+mod shape;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -95,6 +96,7 @@ pub fn client_state(
         statements: Map::default(),
         effects: Map::default(),
         described: Map::default(),
+        row_shapes: Map::default(),
         unnamed: None,
         parses: 0,
         settings: ClientSettings::from_startup(&settings),
@@ -768,6 +770,9 @@ async fn serve_attached(
         mid_batch: false,
         doomed: false,
         holding: false,
+        probed: None,
+        shape_verdict: None,
+        last_bound: None,
         read_back_due: false,
         max_prepared: opts.max_prepared,
         batch: &mut buffers.batch,
@@ -957,7 +962,9 @@ impl Pumps<'_, '_> {
                 if plain::request(client_buf, &mut link, self.opts.max_message, server_out) {
                     continue;
                 }
-                if requests::must_wait(client_buf, &link) {
+                if requests::probe_shape(client_buf, &mut link, server_out)
+                    || requests::must_wait(client_buf, &link)
+                {
                     link.holding = true;
                     break;
                 }
@@ -1121,14 +1128,31 @@ impl Pumps<'_, '_> {
                 // Nothing below waits: the lock is held for the whole pass over the input.
                 let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(from) = link.retry.take() {
-                    let frames = link.batch.split_off(from);
-                    for frame in frames {
+                    let mut frames = link.batch.split_off(from).into_iter();
+                    while let Some(frame) = frames.next() {
+                        // A replayed Bind is checked like a new one (`probe_shape`); while
+                        // it waits, the rest stays in the log to replay from there.
+                        let ahead = (frame.tag() == wire::frontend::tag::BIND).then(|| {
+                            let mut ahead = BytesMut::from(&frame.raw()[..]);
+                            frames
+                                .clone()
+                                .for_each(|f| ahead.extend_from_slice(f.raw()));
+                            ahead
+                        });
+                        if ahead.is_some_and(|a| requests::probe_shape(&a, &mut link, out)) {
+                            let at = link.batch.len();
+                            link.batch.push(&frame);
+                            frames.for_each(|f| link.batch.push(&f));
+                            link.retry = Some(at);
+                            link.holding = true;
+                            break;
+                        }
                         wake |= requests::translate(frame, &mut link, self.registry, out)
                             .map_err(PumpError::Protocol)?;
                     }
                     link.retried = true;
                 }
-                loop {
+                while link.retry.is_none() {
                     if link.waits_for_read_back() {
                         link.holding = true;
                         break;
@@ -1142,7 +1166,8 @@ impl Pumps<'_, '_> {
                     if plain::request(buf, &mut link, self.opts.max_message, out) {
                         continue;
                     }
-                    link.holding = requests::must_wait(buf, &link);
+                    link.holding = requests::probe_shape(buf, &mut link, out)
+                        || requests::must_wait(buf, &link);
                     if link.holding {
                         break;
                     }

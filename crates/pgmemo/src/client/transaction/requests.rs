@@ -19,6 +19,7 @@ use super::commands::{
     duplicate, ensure_on, missing, raise_sql, Effect, Outcome, Plan, Planner, Protocol, ServerPrep,
 };
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
+use super::shape;
 use crate::cache::plan::Effects;
 use crate::pool::settings::{analysis_switch, lexes_as_default, sync_sql, UNKNOWN_PARSE_SETTINGS};
 use crate::pool::{
@@ -76,7 +77,15 @@ pub fn translate(
             match target {
                 Target::Portal => {
                     out.extend_from_slice(frame.raw());
-                    link.queue.push_back(Entry::forward(Expect::DescribePortal));
+                    let mut entry = Entry::forward(Expect::DescribePortal);
+                    // Its answer tells the client the shape of the statement's rows.
+                    entry.uses = match &link.last_bound {
+                        Some((portal, statement)) if portal[..] == *name => {
+                            Some(Arc::clone(statement))
+                        }
+                        _ => None,
+                    };
+                    link.queue.push_back(entry);
                 }
                 Target::Statement => {
                     let name = text(name)?;
@@ -697,6 +706,9 @@ fn parse(
     if !link.client.described.is_empty() {
         link.client.described.remove(&statement.id);
     }
+    if !link.client.row_shapes.is_empty() {
+        link.client.row_shapes.remove(&statement.id);
+    }
     if let Some(outcome) = outcome {
         link.client
             .effects
@@ -782,9 +794,18 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         .ok_or(WireError::MissingTerminator)?;
     let portal = &body[..portal_end];
     let name = std::str::from_utf8(&rest[..stmt_end]).map_err(|_| WireError::InvalidUtf8)?;
+    link.last_bound = None;
+    if link.shape_verdict.take() == Some(true) {
+        // The client would decode rows of another shape than the one it learnt.
+        emit_refusal(&shape::changed_error(), link, out);
+        return Ok(());
+    }
     let Some(statement) = statement_for_use(name, Some(&rest[stmt_end + 1..]), link, out) else {
         return Ok(());
     };
+    if let Some(statement) = &statement {
+        link.last_bound = Some((Bytes::copy_from_slice(portal), Arc::clone(statement)));
+    }
     match &statement {
         None => out.extend_from_slice(frame.raw()),
         Some(statement) => {
@@ -825,6 +846,116 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     }
     link.queue.push_back(entry);
     Ok(())
+}
+
+/// Before a Bind at the head of `buf` goes to the server: when the client will decode its
+/// rows with a shape it learnt earlier (it described the statement, and does not describe
+/// the portal again before executing it), the server's statement must have that shape, as
+/// PostgreSQL's would or fail with `cached plan must not change result type`. A statement
+/// this server described with the client's shape goes as it is; otherwise pgmemo prepares it
+/// afresh here, describes it, and holds the Bind (returns `true`) until the answer tells the
+/// shape: the same, the Bind goes; another, it fails as PostgreSQL's would
+/// (`Link::shape_verdict`). Nothing to do for clients that never described a statement.
+#[inline]
+pub fn probe_shape(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
+    link.shape_verdict = None;
+    if buf.first() != Some(&frontend::tag::BIND) || link.client.row_shapes.is_empty() || link.doomed
+    {
+        return false;
+    }
+    // The unnamed portal, described right after it (libpq's prepared executions, pgbench
+    // `-M prepared`): the client learns the shape anew.
+    let bind_len = buf.get(1..5).map_or(0, |l| {
+        u32::from_be_bytes([l[0], l[1], l[2], l[3]]) as usize + 1
+    });
+    if buf.get(5) == Some(&0)
+        && buf.get(bind_len) == Some(&frontend::tag::DESCRIBE)
+        && buf.get(bind_len + 5..bind_len + 7) == Some(b"P\0")
+    {
+        return false;
+    }
+    probe_bind(buf, link, out)
+}
+
+#[cold]
+fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
+    let Ok(Some(header)) = wire::FrameHeader::peek(buf, usize::MAX) else {
+        return false;
+    };
+    let Some(body) = buf.get(wire::FrameHeader::SIZE..header.frame_len) else {
+        return false;
+    };
+    let cstr = |b: &[u8]| b.iter().position(|&c| c == 0).map(|end| b[..end].to_vec());
+    let Some(portal) = cstr(body) else {
+        return false;
+    };
+    let Some(name) = cstr(&body[portal.len() + 1..]) else {
+        return false;
+    };
+    let Some(statement) = std::str::from_utf8(&name)
+        .ok()
+        .filter(|n| !n.is_empty())
+        .and_then(|n| link.client.statements.get(n))
+        .cloned()
+    else {
+        return false;
+    };
+    let Some(&learnt) = link.client.row_shapes.get(&statement.id) else {
+        return false;
+    };
+    if shape::describes_portal_next(&buf[header.frame_len..], &portal) || link.may_be_aborted() {
+        return false;
+    }
+    let probed = link.probed == Some(statement.id);
+    if probed && link.queue.iter().any(|e| e.probe) {
+        return true;
+    }
+    match link.server.statements.shape(&statement) {
+        Some(here) if here == learnt => {
+            link.probed = None;
+            link.shape_verdict = Some(false);
+            false
+        }
+        // Described afresh: the client's statement has another shape now.
+        Some(_) if probed => {
+            link.probed = None;
+            link.shape_verdict = Some(true);
+            false
+        }
+        // The probe failed (the client has its error) and the server skips to the Sync.
+        None if probed => {
+            link.probed = None;
+            link.shape_verdict = Some(false);
+            false
+        }
+        // Not described here, or as another shape: a statement this server prepared before
+        // DDL may be stale, one prepared after it has the new shape; neither tells the shape
+        // the client's statement has now. Prepared afresh and described.
+        _ => {
+            if !link.mid_batch {
+                link.batch.begin(!link.queue.is_empty());
+                link.retried = false;
+            }
+            batch_start(link, out);
+            if link.server.statements.holds(&statement) {
+                link.server.statements.remove(statement.id);
+                emit_prep(&[ServerPrep::Drop(Arc::clone(&statement))], true, link, out);
+            }
+            ensure(&statement, link, out);
+            Describe {
+                target: Target::Statement,
+                name: Bytes::copy_from_slice(statement.name.as_bytes()),
+            }
+            .encode(out);
+            out.extend_from_slice(&frontend::flush());
+            let mut entry = Entry::swallow(Expect::DescribeStatement);
+            entry.uses = Some(statement.clone());
+            entry.probe = true;
+            link.queue.push_back(entry);
+            link.probed = Some(statement.id);
+            true
+        }
+    }
 }
 
 /// PostgreSQL's checks of a Bind's parameter counts, made by pgmemo when the server lacks the

@@ -12,6 +12,7 @@ use wire::{FrameHeader, WireError};
 use super::commands::{Effect, Outcome};
 use super::link::{ClientState, Entry, Expect, Link, UnnamedUndo};
 use super::plain::Plain;
+use super::shape;
 use crate::client::relay::MAX_SERVER_FRAME;
 use crate::pool::settings::{
     commit, set_raw_sql, SettingChange, TrackedChange, UNKNOWN_PARSE_SETTINGS,
@@ -412,6 +413,19 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
             link.client.note_description(statement, tag, frame);
         }
     }
+    // The shape of the statement's rows, on this server and as the client now knows it.
+    if matches!(
+        entry.expect,
+        Expect::DescribeStatement | Expect::DescribePortal
+    ) && !entry.raised
+    {
+        if let (Some(statement), Some(shape)) = (&entry.uses, shape::shape_of(tag, frame)) {
+            link.server.statements.note_shape(statement, shape);
+            if entry.forward {
+                link.client.note_row_shape(statement, shape);
+            }
+        }
+    }
     if (entry.expect, tag)
         == (
             Expect::DescribeStatement,
@@ -584,8 +598,13 @@ fn note_stale_plan(body: &[u8], link: &mut Link<'_>) -> Option<usize> {
     if plan_changed {
         link.server.stale.push(statement.name.clone());
     }
-    let replayable =
-        !link.retried && link.batch.replayable() && link.client.status == TransactionStatus::Idle;
+    // pgmemo's own Describe of a statement a Bind waits for (`requests::probe_shape`) leaves
+    // nothing of the client's to replay.
+    let probe = entry.probe;
+    let replayable = !link.retried
+        && !probe
+        && link.batch.replayable()
+        && link.client.status == TransactionStatus::Idle;
     let retry = match expect {
         // The Query's first statement (nothing of it reached the client), and the Query is
         // the one kept in the log (nothing was sent after it).

@@ -134,6 +134,18 @@ impl TxnCache {
                     for oid in oids.iter() {
                         tail.extend_from_slice(&oid.to_be_bytes());
                     }
+                    // Rows the client decodes with a shape it learnt earlier are stored and
+                    // served apart for each shape: after DDL, another client's result (of the
+                    // new shape) must not reach one that still expects the old (see
+                    // `transaction::shape`). A batch that describes its portal tells the
+                    // shape with the rows.
+                    if matches!(shape.described(bytes), Described::Nothing) {
+                        let learnt = state.row_shapes.get(&s.id).copied().unwrap_or(0);
+                        tail.push(b'S');
+                        tail.extend_from_slice(&learnt.to_le_bytes());
+                    } else {
+                        tail.push(b'D');
+                    }
                     Statement::Named(Arc::clone(s))
                 };
                 tail.extend_from_slice(bind.tail);
