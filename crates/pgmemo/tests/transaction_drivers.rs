@@ -2015,6 +2015,64 @@ async fn psycopg_sees_a_column_added_between_two_executions() {
     .await
 }
 
+// ---------------------------------------------------------------------------------------------
+// Java: PostgreSQL's JDBC driver.
+
+/// pgjdbc with server-side prepared statements from the first execution (it names them S_1,
+/// S_2, ... on every connection, for different texts), transactions committed and rolled
+/// back, batched inserts, typed values (timestamptz, numeric, bytea, arrays, NULL), a
+/// connection's `SET TIME ZONE` kept for it alone, and eight threads over a pool of two.
+#[tokio::test]
+async fn jdbc_prepared_statements_transactions_and_settings() {
+    within(Duration::from_secs(300), async {
+        // The program against PostgreSQL itself first: a failure through pgmemo is pgmemo's.
+        let t = create_table("txn_jdbc_direct", SCRIPT_TABLE).await;
+        let args = |port: u16, t: &str| vec![port.to_string(), t.to_owned(), "main".to_owned()];
+        let direct = txn_support::jdbc_check(&args(LocalPostgres::PORT, &t));
+        run_ok(direct, "JdbcCheck main (direct)", RUN_LIMIT).await;
+        drop_table(&t).await;
+
+        let t = create_table("txn_jdbc", SCRIPT_TABLE).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let proxied = txn_support::jdbc_check(&args(pgmemo.port(), &t));
+        let out = run_ok(proxied, "JdbcCheck main", RUN_LIMIT).await;
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}
+
+/// pgjdbc keeps the columns it was told when it prepared a statement and sends only Bind and
+/// Execute after that. When another connection adds a column, PostgreSQL fails the next
+/// execution with `cached plan must not change result type`, which pgjdbc answers by
+/// preparing the statement again: every execution after the change shows the new column.
+/// Through pgmemo the client sees the same, never rows decoded with the old columns.
+#[tokio::test]
+async fn jdbc_sees_a_column_added_between_executions_as_with_postgres() {
+    within(Duration::from_secs(300), async {
+        let run = |port: u16, prefix: &'static str| async move {
+            let t = create_table(prefix, SCRIPT_TABLE).await;
+            let direct = LocalPostgres.client(USER, DB).await;
+            direct
+                .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one')"))
+                .await
+                .unwrap();
+            let args = vec![port.to_string(), t.clone(), "alter".to_owned()];
+            let out = run_ok(txn_support::jdbc_check(&args), prefix, RUN_LIMIT).await;
+            drop_table(&t).await;
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let direct = run(LocalPostgres::PORT, "txn_jdbc_alter_direct").await;
+        assert!(direct.contains("after 1: id=1 v=one extra=7"), "{direct}");
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
+        let proxied = run(pgmemo.port(), "txn_jdbc_alter").await;
+        assert_eq!(proxied, direct);
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg_processes_with_the_same_statement_names() {
     within(Duration::from_secs(300), async {

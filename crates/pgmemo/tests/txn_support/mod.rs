@@ -235,6 +235,24 @@ pub async fn python(script: &str, args: &[String]) -> tokio::process::Command {
     cmd
 }
 
+/// PostgreSQL's JDBC driver as Debian installs it (package `libpostgresql-jdbc-java`, which
+/// `.ci/run` installs).
+const JDBC_JAR: &str = "/usr/share/java/postgresql.jar";
+
+/// `java -cp JDBC_JAR tests/java/JdbcCheck.java ARGS...`: a single-file program, compiled
+/// in memory by the JDK's launcher.
+pub fn jdbc_check(args: &[String]) -> tokio::process::Command {
+    assert!(
+        Path::new(JDBC_JAR).exists(),
+        "{JDBC_JAR} is missing: apt-get install libpostgresql-jdbc-java (.ci/run installs it)"
+    );
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/java/JdbcCheck.java");
+    let mut cmd = tokio::process::Command::new("java");
+    scrub_pg_env(&mut cmd);
+    cmd.arg("-cp").arg(JDBC_JAR).arg(path).args(args);
+    cmd
+}
+
 // ---------------------------------------------------------------------------------------------
 // A raw protocol client whose answers are recorded as text.
 

@@ -797,7 +797,7 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     link.last_bound = None;
     if link.shape_verdict.take() == Some(true) {
         // The client would decode rows of another shape than the one it learnt.
-        emit_refusal(&shape::changed_error(), link, out);
+        emit_refusal_frame(shape::changed_error(), link, out);
         return Ok(());
     }
     let Some(statement) = statement_for_use(name, Some(&rest[stmt_end + 1..]), link, out) else {
@@ -1424,6 +1424,11 @@ fn emit_missing(name: &str, link: &mut Link<'_>, out: &mut BytesMut) {
 /// raising `DO` block fails with 25P02 instead), and skips the rest of the batch; the client
 /// gets `error` instead of the server's 26000.
 fn emit_refusal(error: &ErrorResponse, link: &mut Link<'_>, out: &mut BytesMut) {
+    emit_refusal_frame(error.encode(), link, out);
+}
+
+/// [`emit_refusal`] with the client's error as a whole ErrorResponse frame.
+fn emit_refusal_frame(error: Bytes, link: &mut Link<'_>, out: &mut BytesMut) {
     Describe {
         target: Target::Statement,
         name: Bytes::from_static(NEVER_PREPARED.as_bytes()),
@@ -1431,7 +1436,7 @@ fn emit_refusal(error: &ErrorResponse, link: &mut Link<'_>, out: &mut BytesMut) 
     .encode(out);
     let mut entry = Entry::forward(Expect::DescribeStatement);
     entry.raised = true;
-    entry.synthetic = Some(error.encode());
+    entry.synthetic = Some(error);
     link.queue.push_back(entry);
     link.doomed = true;
 }
