@@ -2073,6 +2073,35 @@ async fn jdbc_sees_a_column_added_between_executions_as_with_postgres() {
     .await
 }
 
+// ---------------------------------------------------------------------------------------------
+// PHP: PDO and the pgsql extension, on libpq.
+
+/// PDO with server-side prepared statements names them `pdo_stmt_00000001`, ... on every
+/// connection and drops each with a SQL-level `DEALLOCATE` (the PHP case of the issue), over
+/// two connections sharing a pool of two; also transactions, an error inside one, settings
+/// kept per connection, and the pgsql extension's `pg_prepare` / `pg_execute` with the same
+/// name on two connections.
+#[tokio::test]
+async fn php_pdo_and_pgsql_prepared_statements() {
+    within(Duration::from_secs(300), async {
+        // The script against PostgreSQL itself first: a failure through pgmemo is pgmemo's.
+        let t = create_table("txn_php_direct", SCRIPT_TABLE).await;
+        let args = |port: u16, t: &str| vec![port.to_string(), t.to_owned()];
+        let direct = txn_support::php("pdo_check.php", &args(LocalPostgres::PORT, &t));
+        run_ok(direct, "pdo_check.php (direct)", RUN_LIMIT).await;
+        drop_table(&t).await;
+
+        let t = create_table("txn_php", SCRIPT_TABLE).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let proxied = txn_support::php("pdo_check.php", &args(pgmemo.port(), &t));
+        let out = run_ok(proxied, "pdo_check.php", RUN_LIMIT).await;
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg_processes_with_the_same_statement_names() {
     within(Duration::from_secs(300), async {

@@ -253,6 +253,18 @@ pub fn jdbc_check(args: &[String]) -> tokio::process::Command {
     cmd
 }
 
+/// `php tests/php/SCRIPT ARGS...` (packages `php-cli` and `php-pgsql`, which `.ci/run`
+/// installs).
+pub fn php(script: &str, args: &[String]) -> tokio::process::Command {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/php")
+        .join(script);
+    let mut cmd = tokio::process::Command::new("php");
+    scrub_pg_env(&mut cmd);
+    cmd.arg(path).args(args);
+    cmd
+}
+
 // ---------------------------------------------------------------------------------------------
 // A raw protocol client whose answers are recorded as text.
 
