@@ -1098,6 +1098,50 @@ async fn an_unknown_statement_in_an_aborted_block_is_reported_as_in_postgres() {
     .await;
 }
 
+/// A Close of a statement that the server skips (an error earlier in its batch) drops
+/// nothing, but a `DEALLOCATE ALL` pipelined after it still drops that statement when it runs,
+/// as in PostgreSQL: the later Bind finds no statement (26000), not the old one (differential
+/// seed 1010125).
+#[tokio::test]
+async fn a_deallocate_all_behind_a_skipped_close_drops_its_statement_too() {
+    use Who::A;
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (
+                A,
+                vec![msg::parse("s2", "SELECT $1::int", &[]), msg::sync()],
+            ),
+            (
+                A,
+                vec![
+                    // Wrong parameter count: the rest of the batch, its Close too, is skipped.
+                    msg::bind("p1", "s2", &[]),
+                    msg::execute("p1", 0),
+                    msg::close(b'S', "s2"),
+                    msg::sync(),
+                    msg::parse("", "DEALLOCATE ALL", &[]),
+                    msg::bind("", "", &[]),
+                    msg::describe(b'P', ""),
+                    msg::execute("", 0),
+                    msg::close(b'S', ""),
+                    msg::sync(),
+                ],
+            ),
+            (
+                A,
+                vec![
+                    msg::bind("p1", "s2", &[]),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                ],
+            ),
+        ];
+        let direct = same_as_postgres_over(2, &steps).await;
+        assert!(direct.iter().any(|l| l.contains("26000")), "{direct:?}");
+    })
+    .await;
+}
+
 /// A `DISCARD ALL` in an extended-protocol batch that the server skips (an error earlier in
 /// the batch) drops nothing, as in PostgreSQL: the client's statements still run; one that
 /// runs drops them.

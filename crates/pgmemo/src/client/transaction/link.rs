@@ -411,11 +411,7 @@ impl Link<'_> {
                 &outcome.effect
             {
                 for (name, statement) in statements {
-                    if !self.client.statements.contains_key(name) {
-                        self.client
-                            .statements
-                            .insert(name.clone(), statement.clone());
-                    }
+                    self.give_back(name, statement);
                 }
                 continue;
             }
@@ -433,6 +429,41 @@ impl Link<'_> {
                     closed: false,
                 });
             }
+        }
+    }
+
+    /// Gives the client back a statement name that a message the server skipped would have
+    /// dropped. A `DEALLOCATE ALL` or `DISCARD ALL` sent after that message (still owed an
+    /// answer) drops every name when it runs, this one too, though it was planned while the
+    /// name was gone: the name goes to its outcome instead, to come back only should the
+    /// server skip that one as well.
+    fn give_back(&mut self, name: &str, statement: &Arc<PreparedStatement>) {
+        if self.client.statements.contains_key(name) {
+            return;
+        }
+        let mut dropped_later = false;
+        for entry in self.queue.iter_mut() {
+            let next = entry.next.min(entry.outcomes.len());
+            for outcome in &mut entry.outcomes[next..] {
+                let drops_all = outcome.tag == Some("DEALLOCATE ALL")
+                    || matches!(outcome.effect, Effect::Discarded { .. });
+                if let (
+                    true,
+                    Effect::Deallocated(all)
+                    | Effect::Discarded {
+                        statements: all, ..
+                    },
+                ) = (drops_all, &mut outcome.effect)
+                {
+                    all.push((name.to_owned(), Arc::clone(statement)));
+                    dropped_later = true;
+                }
+            }
+        }
+        if !dropped_later {
+            self.client
+                .statements
+                .insert(name.to_owned(), Arc::clone(statement));
         }
     }
 
