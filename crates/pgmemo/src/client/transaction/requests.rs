@@ -885,27 +885,29 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
     let Some(body) = buf.get(wire::FrameHeader::SIZE..header.frame_len) else {
         return false;
     };
-    let cstr = |b: &[u8]| b.iter().position(|&c| c == 0).map(|end| b[..end].to_vec());
+    fn cstr(b: &[u8]) -> Option<&[u8]> {
+        b.iter().position(|&c| c == 0).map(|end| &b[..end])
+    }
     let Some(portal) = cstr(body) else {
         return false;
     };
     let Some(name) = cstr(&body[portal.len() + 1..]) else {
         return false;
     };
-    let Some(statement) = std::str::from_utf8(&name)
+    let Some(statement) = std::str::from_utf8(name)
         .ok()
         .filter(|n| !n.is_empty())
         .and_then(|n| link.client.statements.get(n))
-        .cloned()
     else {
         return false;
     };
     let Some(&learnt) = link.client.row_shapes.get(&statement.id) else {
         return false;
     };
-    if shape::describes_portal_next(&buf[header.frame_len..], &portal) || link.may_be_aborted() {
+    if shape::describes_portal_next(&buf[header.frame_len..], portal) || link.may_be_aborted() {
         return false;
     }
+    let statement = Arc::clone(statement);
     let probed = link.probed == Some(statement.id);
     if probed && link.queue.iter().any(|e| e.probe) {
         return true;

@@ -6,12 +6,18 @@
 //! again on servers that lack it, where it may take the new shape: it compares the shape the
 //! client learnt with the one the server has before letting the rows through.
 
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::OnceLock;
 
 use wire::backend::tag;
 
 /// The shape of a statement that returns no rows (NoData).
 pub const NO_ROWS: u64 = 0;
+
+/// One hasher for the process: shapes are compared (and cache keys built from them) only
+/// within it. ahash, as on the rest of the request path: a prepared execution that describes
+/// its portal notes its shape on every request.
+static HASHER: OnceLock<ahash::RandomState> = OnceLock::new();
 
 /// The shape an answer to a Describe tells: RowDescription (column names, types and type
 /// modifiers; not the formats, which the Bind chooses, nor the source columns) or NoData.
@@ -22,7 +28,7 @@ pub fn shape_of(tag: u8, frame: &[u8]) -> Option<u64> {
         tag::ROW_DESCRIPTION => {
             let body = frame.get(5..)?;
             let count = i16::from_be_bytes(body.get(..2)?.try_into().ok()?);
-            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            let mut hasher = HASHER.get_or_init(ahash::RandomState::new).build_hasher();
             count.hash(&mut hasher);
             let mut at = 2;
             for _ in 0..count {
