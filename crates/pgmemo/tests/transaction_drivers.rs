@@ -2118,6 +2118,33 @@ async fn jdbc_sees_a_column_added_between_executions_as_with_postgres() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Node.js: node-postgres.
+
+/// node-postgres with named prepared statements (the same names on several connections for
+/// different texts), transactions, an error inside one, typed values, settings kept per
+/// connection, and a pool of eight clients over a proxy pool of two.
+#[tokio::test]
+async fn node_postgres_prepared_statements_transactions_and_settings() {
+    within(Duration::from_secs(300), async {
+        // The script against PostgreSQL itself first: a failure through pgmemo is pgmemo's.
+        let t = create_table("txn_node_direct", SCRIPT_TABLE).await;
+        let args = |port: u16, t: &str| vec![port.to_string(), t.to_owned()];
+        let direct = txn_support::node("pg_check.js", &args(LocalPostgres::PORT, &t)).await;
+        run_ok(direct, "pg_check.js (direct)", RUN_LIMIT).await;
+        drop_table(&t).await;
+
+        let t = create_table("txn_node", SCRIPT_TABLE).await;
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let proxied = txn_support::node("pg_check.js", &args(pgmemo.port(), &t)).await;
+        let out = run_ok(proxied, "pg_check.js", RUN_LIMIT).await;
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+        pgmemo.shutdown().await;
+        drop_table(&t).await;
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
 // PHP: PDO and the pgsql extension, on libpq.
 
 /// PDO with server-side prepared statements names them `pdo_stmt_00000001`, ... on every

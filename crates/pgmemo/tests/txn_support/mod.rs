@@ -253,6 +253,63 @@ pub fn jdbc_check(args: &[String]) -> tokio::process::Command {
     cmd
 }
 
+/// What the Node.js test installs from the npm registry.
+const NODE_PACKAGES: &[&str] = &["pg@8"];
+
+/// A `node_modules` directory with node-postgres, for `NODE_PATH`: installed with npm once
+/// (per target directory), under a file lock, as [`python_deps`].
+pub async fn node_deps() -> PathBuf {
+    static DEPS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    tokio::task::spawn_blocking(|| DEPS.get_or_init(install_node_deps).clone())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn install_node_deps() -> Result<PathBuf, String> {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
+    let dir = root.join("pgmemo-nodedeps");
+    let modules = dir.join("node_modules");
+    let marker = dir.join(".pgmemo-installed");
+    let wanted = NODE_PACKAGES.join("\n");
+    let _lock = lock_exclusive(&root.join("pgmemo-nodedeps.lock"));
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(modules);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let out = std::process::Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+        .arg(&dir)
+        .args(NODE_PACKAGES)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run npm: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "npm install {NODE_PACKAGES:?} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::write(&marker, wanted).map_err(|e| format!("writing {}: {e}", marker.display()))?;
+    Ok(modules)
+}
+
+/// `node tests/node/SCRIPT ARGS...` with node-postgres on `NODE_PATH`.
+pub async fn node(script: &str, args: &[String]) -> tokio::process::Command {
+    let modules = node_deps().await;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/node")
+        .join(script);
+    let mut cmd = tokio::process::Command::new("node");
+    scrub_pg_env(&mut cmd);
+    cmd.arg(path).args(args).env("NODE_PATH", modules);
+    cmd
+}
+
 /// `php tests/php/SCRIPT ARGS...` (packages `php-cli` and `php-pgsql`, which `.ci/run`
 /// installs).
 pub fn php(script: &str, args: &[String]) -> tokio::process::Command {
