@@ -1098,6 +1098,40 @@ async fn an_unknown_statement_in_an_aborted_block_is_reported_as_in_postgres() {
     .await;
 }
 
+/// A Parse of a statement the server holds already (another client prepared the same text)
+/// still makes the server analyse the text, as PostgreSQL does: that analysis takes the
+/// transaction's snapshot, so a `BEGIN ISOLATION LEVEL` executed after it in the same batch
+/// fails with 25001 (differential seed 1010596; pgmemo used to answer such a Parse itself).
+#[tokio::test]
+async fn a_parse_of_a_statement_the_server_holds_takes_a_snapshot_as_in_postgres() {
+    use Who::{A, B};
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (A, vec![msg::parse("s2", "SELECT 1", &[]), msg::sync()]),
+            (
+                B,
+                vec![
+                    msg::parse("s1", "BEGIN ISOLATION LEVEL REPEATABLE READ", &[]),
+                    msg::sync(),
+                ],
+            ),
+            (
+                B,
+                vec![
+                    msg::bind("", "s1", &[]),
+                    msg::parse("s2", "SELECT 1", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (B, vec![msg::query("SELECT 'in step'")]),
+        ];
+        let direct = same_as_postgres(&steps).await;
+        assert!(direct.iter().any(|l| l.contains("25001")), "{direct:?}");
+    })
+    .await;
+}
+
 /// A Close of a statement that the server skips (an error earlier in its batch) drops
 /// nothing, but a `DEALLOCATE ALL` pipelined after it still drops that statement when it runs,
 /// as in PostgreSQL: the later Bind finds no statement (26000), not the old one (differential

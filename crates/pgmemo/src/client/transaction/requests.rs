@@ -714,9 +714,6 @@ fn parse(
             .effects
             .insert(name.clone(), (statement.clone(), outcome));
     }
-    // The server holds it already: answered here, unless the server may be in an aborted
-    // block when it gets there, where PostgreSQL refuses a Parse (25P02) unless it is of
-    // ROLLBACK or COMMIT, and the name is then not taken.
     let held = link.server.statements.touch(&statement);
     let revert = |statement, on_server| {
         Some(Box::new(Revert {
@@ -726,15 +723,13 @@ fn parse(
             closed: false,
         }))
     };
-    if held && !link.may_be_aborted() {
-        let mut entry = Entry::local(parse_complete());
-        entry.revert = revert(statement, false);
-        link.queue.push_back(entry);
-        return Ok(true);
-    }
     if held {
-        // The same text as the unnamed statement: the server accepts or refuses it just as
-        // PostgreSQL would the client's Parse, and its answer is the client's; the client's
+        // The server holds it already. The same text goes as the unnamed statement: the
+        // server accepts or refuses it just as PostgreSQL would the client's Parse (in an
+        // aborted block it refuses one that is not of ROLLBACK or COMMIT, 25P02, and the name
+        // is then not taken), and analysing it takes the snapshot PostgreSQL's analysis takes
+        // (a `BEGIN ISOLATION LEVEL` run after it in the same transaction fails with 25001;
+        // a REPEATABLE READ block reads as of it). Its answer is the client's; the client's
         // record goes with an error.
         let mut entry = Entry::forward(Expect::Parse);
         entry.revert = revert(statement, false);
