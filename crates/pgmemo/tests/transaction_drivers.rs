@@ -2207,6 +2207,39 @@ async fn php_pdo_and_pgsql_prepared_statements() {
     .await
 }
 
+/// asyncpg decodes a cached statement's rows with the description it got when it prepared
+/// it. When another connection swaps two columns' places, PostgreSQL fails the next
+/// execution with `cached plan must not change result type` and asyncpg prepares the
+/// statement again; through pgmemo the client sees the same transcript, never the new rows
+/// decoded with the old columns.
+#[tokio::test]
+async fn asyncpg_sees_columns_changed_between_executions_as_with_postgres() {
+    within(Duration::from_secs(300), async {
+        let run = |port: u16, prefix: &'static str| async move {
+            let t = create_table(prefix, "(id int PRIMARY KEY, v text, w int)").await;
+            let direct = LocalPostgres.client(USER, DB).await;
+            direct
+                .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one', 7)"))
+                .await
+                .unwrap();
+            let cmd = python("asyncpg_alter.py", &[port.to_string(), t.clone()]).await;
+            let out = run_ok(cmd, prefix, RUN_LIMIT).await;
+            drop_table(&t).await;
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let direct = run(LocalPostgres::PORT, "txn_asyncpg_alter_direct").await;
+        assert!(
+            direct.contains("after 1: {'id': 1, 'w': 7, 'v': 'new'}"),
+            "{direct}"
+        );
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |_| {}).await;
+        let proxied = run(pgmemo.port(), "txn_asyncpg_alter").await;
+        assert_eq!(proxied, direct);
+        pgmemo.shutdown().await;
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn asyncpg_processes_with_the_same_statement_names() {
     within(Duration::from_secs(300), async {
