@@ -2129,23 +2129,29 @@ async fn jdbc_prepared_statements_transactions_and_settings() {
 #[tokio::test]
 async fn jdbc_sees_a_column_added_between_executions_as_with_postgres() {
     within(Duration::from_secs(300), async {
-        let run = |port: u16, prefix: &'static str| async move {
+        let run = |port: u16, prefix: &'static str, mode: &'static str| async move {
             let t = create_table(prefix, SCRIPT_TABLE).await;
             let direct = LocalPostgres.client(USER, DB).await;
             direct
                 .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one')"))
                 .await
                 .unwrap();
-            let args = vec![port.to_string(), t.clone(), "alter".to_owned()];
+            let args = vec![port.to_string(), t.clone(), mode.to_owned()];
             let out = run_ok(txn_support::jdbc_check(&args), prefix, RUN_LIMIT).await;
             drop_table(&t).await;
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
-        let direct = run(LocalPostgres::PORT, "txn_jdbc_alter_direct").await;
-        assert!(direct.contains("after 1: id=1 v=one extra=7"), "{direct}");
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| c.cache = Switch::Off).await;
-        let proxied = run(pgmemo.port(), "txn_jdbc_alter").await;
-        assert_eq!(proxied, direct);
+        // Autocommit, and each execution in a transaction with autosave=conservative.
+        for mode in ["alter", "alter-in-transaction"] {
+            let direct = run(LocalPostgres::PORT, "txn_jdbc_alter_direct", mode).await;
+            assert!(
+                direct.contains("after 1: id=1 v=one extra=7"),
+                "{mode}: {direct}"
+            );
+            let proxied = run(pgmemo.port(), "txn_jdbc_alter", mode).await;
+            assert_eq!(proxied, direct, "{mode}");
+        }
         pgmemo.shutdown().await;
     })
     .await

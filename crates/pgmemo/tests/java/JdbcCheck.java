@@ -10,6 +10,8 @@
 // session settings, and threads sharing a small pool; prints "ok" or fails with a stack trace.
 // MODE `alter`: a prepared SELECT * executed before and after another connection adds a
 // column; prints what each execution got, to be compared with PostgreSQL's own transcript.
+// MODE `alter-in-transaction`: the same, each execution in a transaction of its own, with
+// the driver's autosave=conservative.
 
 import java.math.BigDecimal;
 import java.sql.*;
@@ -39,7 +41,8 @@ public class JdbcCheck {
                 mainChecks(table);
                 System.out.println("ok");
             }
-            case "alter" -> alter(table);
+            case "alter" -> alter(table, false);
+            case "alter-in-transaction" -> alter(table, true);
             default -> throw new IllegalArgumentException(args[2]);
         }
     }
@@ -184,19 +187,40 @@ public class JdbcCheck {
         pool.shutdown();
     }
 
-    static void alter(String t) throws SQLException {
+    /**
+     * A prepared SELECT * run before and after another connection adds a column. With
+     * `inTransaction`, each run is a transaction of its own and the driver's
+     * `autosave=conservative` (a savepoint before each statement, rolled back to and the
+     * statement prepared again after `cached plan must not change result type`) heals it.
+     */
+    static void alter(String t, boolean inTransaction) throws SQLException {
+        String saved = url;
+        if (inTransaction) {
+            url = url + "&autosave=conservative";
+        }
         try (Connection a = connect(); Connection b = connect();
              PreparedStatement p = a.prepareStatement("SELECT * FROM " + t + " WHERE id = ?")) {
+            url = saved;
+            a.setAutoCommit(!inTransaction);
             p.setInt(1, 1);
             System.out.println("before: " + row(p));
+            if (inTransaction) {
+                a.commit();
+            }
             try (Statement s = b.createStatement()) {
                 s.execute("ALTER TABLE " + t + " ADD COLUMN extra int DEFAULT 7");
             }
             for (int i = 1; i <= 3; i++) {
                 try {
                     System.out.println("after " + i + ": " + row(p));
+                    if (inTransaction) {
+                        a.commit();
+                    }
                 } catch (SQLException e) {
                     System.out.println("after " + i + ": error " + e.getSQLState());
+                    if (inTransaction) {
+                        a.rollback();
+                    }
                 }
             }
         }
