@@ -51,9 +51,10 @@ pub struct ClientState {
     /// as they were when it was prepared, without looking at the catalog again, so pgmemo can
     /// tell the same on a server that lacks the statement where preparing it again fails.
     pub described: Map<u64, Described>,
-    /// The shape of the rows of each statement the client last learnt from a Describe's
-    /// answer (`shape::shape_of`), by statement id: rows of its executions that describe
-    /// nothing anew are decoded with it, so they must have that shape.
+    /// The shape of the rows of each statement the client learnt from the first answer to a
+    /// Describe of it since it parsed it (`shape::shape_of`), by statement id: rows of its
+    /// executions that describe nothing anew are decoded with it, so they must have that
+    /// shape.
     pub row_shapes: Map<u64, u64>,
     pub parses: u64,
     pub settings: ClientSettings,
@@ -100,7 +101,8 @@ impl ClientState {
         }
     }
 
-    /// Notes the shape of `statement`'s rows that a Describe's answer just told the client.
+    /// Notes the shape of `statement`'s rows that the first answer to a Describe of it told
+    /// the client.
     pub fn note_row_shape(&mut self, statement: &PreparedStatement, shape: u64) {
         if self.row_shapes.len() > 2 * self.statements.len() + 64 {
             let live: std::collections::HashSet<u64, ahash::RandomState> =

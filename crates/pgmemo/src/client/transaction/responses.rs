@@ -413,16 +413,27 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
             link.client.note_description(statement, tag, frame);
         }
     }
-    // The shape of the statement's rows, on this server and as the client now knows it.
+    // The shape of the statement's rows, on this server and as the client knows it: both
+    // fixed from the first description on (PostgreSQL keeps a statement's result type, and
+    // fails an execution that would change it until the client parses it again, which
+    // forgets the client's record), so only a first one is read.
     if matches!(
         entry.expect,
         Expect::DescribeStatement | Expect::DescribePortal
     ) && !entry.raised
     {
-        if let (Some(statement), Some(shape)) = (&entry.uses, shape::shape_of(tag, frame)) {
-            link.server.statements.note_shape(statement, shape);
-            if entry.forward {
-                link.client.note_row_shape(statement, shape);
+        if let Some(statement) = &entry.uses {
+            let client = entry.forward && !link.client.row_shapes.contains_key(&statement.id);
+            let server = link.server.statements.shape(statement).is_none();
+            if client || server {
+                if let Some(shape) = shape::shape_of(tag, frame) {
+                    if server {
+                        link.server.statements.note_shape(statement, shape);
+                    }
+                    if client {
+                        link.client.note_row_shape(statement, shape);
+                    }
+                }
             }
         }
     }
