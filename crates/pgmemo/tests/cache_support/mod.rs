@@ -935,16 +935,7 @@ pub async fn a_cancel_while_waiting_for_another_sessions_fill_answers_at_once(
         let (q, follower) = (q.clone(), follower.clone());
         async move { follower.simple_query(&q).await.map(|_| ()) }
     });
-    testkit::assert_eventually(Duration::from_secs(10), "the follower waits", || async {
-        show_cache(memo, "flight_waiting").await == 1
-    })
-    .await;
-    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-    let err = tokio::time::timeout(Duration::from_secs(5), following)
-        .await
-        .expect("the cancel waited for the fill")
-        .unwrap()
-        .expect_err("the follower's statement was cancelled");
+    let err = cancel_the_waiting_follower(memo, &token, following).await;
     assert_eq!(testkit::sqlstate(&err), Some("57014"), "{err}");
     assert_eq!(show_cache(memo, "flight_waiting").await, 0);
     assert_eq!(
@@ -1027,16 +1018,7 @@ pub async fn a_cancel_while_waiting_for_a_fill_cancels_batches_and_blocks(
                 }
             }
         });
-        testkit::assert_eventually(Duration::from_secs(10), "the follower waits", || async {
-            show_cache(memo, "flight_waiting").await == 1
-        })
-        .await;
-        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
-        let err = tokio::time::timeout(Duration::from_secs(5), following)
-            .await
-            .expect("the cancel waited for the fill")
-            .unwrap()
-            .expect_err("the follower's statement was cancelled");
+        let err = cancel_the_waiting_follower(memo, &token, following).await;
         assert_eq!(testkit::sqlstate(&err), Some("57014"), "{how}: {err}");
         if in_block {
             let err = follower.simple_query("SELECT 1").await.unwrap_err();
@@ -1047,6 +1029,25 @@ pub async fn a_cancel_while_waiting_for_a_fill_cancels_batches_and_blocks(
         direct.batch_execute("COMMIT").await.unwrap();
         assert_eq!(leading.await.unwrap().as_deref(), Some("one"), "{how}");
     }
+}
+
+/// Waits until the statement that `following` runs waits for another session's fill, cancels it
+/// with `token`, and returns its error, which must come without waiting for the fill.
+async fn cancel_the_waiting_follower(
+    memo: &PgmemoInstance,
+    token: &tokio_postgres::CancelToken,
+    following: tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) -> tokio_postgres::Error {
+    testkit::assert_eventually(Duration::from_secs(10), "the follower waits", || async {
+        show_cache(memo, "flight_waiting").await == 1
+    })
+    .await;
+    token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), following)
+        .await
+        .expect("the cancel waited for the fill")
+        .unwrap()
+        .expect_err("the follower's statement was cancelled")
 }
 
 /// A cancel while pgmemo looks up a new statement's tables on the server (the lookup waits

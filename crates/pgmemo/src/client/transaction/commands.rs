@@ -114,7 +114,16 @@ pub struct Outcome {
     pub uses: Option<Arc<PreparedStatement>>,
 }
 
+/// The command tag of `DEALLOCATE ALL`, which tells its outcome from one of `DEALLOCATE name`.
+const DEALLOCATE_ALL: &str = "DEALLOCATE ALL";
+
 impl Outcome {
+    /// `DEALLOCATE ALL` or `DISCARD ALL`: running, it drops every name the client has then,
+    /// also one given back after it was planned (`Link::give_back`).
+    pub fn drops_every_name(&self) -> bool {
+        self.tag == Some(DEALLOCATE_ALL) || matches!(self.effect, Effect::Discarded { .. })
+    }
+
     fn plain() -> Outcome {
         Outcome {
             effect: Effect::None,
@@ -399,7 +408,7 @@ impl Planner<'_> {
             }
             StatementKind::Deallocate { name: None } => {
                 let all = std::mem::take(self.client).into_iter().collect();
-                dropped(all, "DEALLOCATE ALL")
+                dropped(all, DEALLOCATE_ALL)
             }
             StatementKind::Discard(sql::DiscardKind::All) => {
                 if self.in_block || many {

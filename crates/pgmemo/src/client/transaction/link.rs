@@ -66,6 +66,19 @@ pub struct ClientState {
     pub status: TransactionStatus,
 }
 
+/// Drops from a per-statement record (`ClientState::described`, `row_shapes`) the statements
+/// the client no longer names, once it holds many more than the client names.
+fn forget_unnamed_ids<V>(
+    records: &mut Map<u64, V>,
+    statements: &Map<String, Arc<PreparedStatement>>,
+) {
+    if records.len() > 2 * statements.len() + 64 {
+        let live: std::collections::HashSet<u64, ahash::RandomState> =
+            statements.values().map(|s| s.id).collect();
+        records.retain(|id, _| live.contains(id));
+    }
+}
+
 /// A statement's description as a server first gave it to the client.
 pub struct Described {
     /// The ParameterDescription message, whole.
@@ -80,12 +93,7 @@ impl ClientState {
     pub fn note_description(&mut self, statement: &PreparedStatement, tag: u8, frame: &[u8]) {
         match tag {
             wire::backend::tag::PARAMETER_DESCRIPTION => {
-                if self.described.len() > 2 * self.statements.len() + 64 {
-                    // Statements the client no longer names.
-                    let live: std::collections::HashSet<u64, ahash::RandomState> =
-                        self.statements.values().map(|s| s.id).collect();
-                    self.described.retain(|id, _| live.contains(id));
-                }
+                forget_unnamed_ids(&mut self.described, &self.statements);
                 self.described.entry(statement.id).or_insert(Described {
                     parameters: Bytes::copy_from_slice(frame),
                     rows: None,
@@ -104,11 +112,7 @@ impl ClientState {
     /// Notes the shape of `statement`'s rows that the first answer to a Describe of it told
     /// the client.
     pub fn note_row_shape(&mut self, statement: &PreparedStatement, shape: u64) {
-        if self.row_shapes.len() > 2 * self.statements.len() + 64 {
-            let live: std::collections::HashSet<u64, ahash::RandomState> =
-                self.statements.values().map(|s| s.id).collect();
-            self.row_shapes.retain(|id, _| live.contains(id));
-        }
+        forget_unnamed_ids(&mut self.row_shapes, &self.statements);
         self.row_shapes.insert(statement.id, shape);
     }
 
@@ -343,10 +347,9 @@ pub struct Link<'a> {
     /// The statement pgmemo prepared afresh and described on this server for the Bind the
     /// client pump holds (`requests::probe_shape`).
     pub probed: Option<u64>,
-    /// How `requests::probe_shape` found the Bind it let go: the client decodes its rows
-    /// with a shape it learnt earlier (`Some`), and whether the server's statement has
-    /// another shape (`Some(true)`: the Bind fails as PostgreSQL's would).
-    pub shape_verdict: Option<bool>,
+    /// `requests::probe_shape` found that the Bind it let go would send rows of another
+    /// shape than the client learnt: the Bind fails as PostgreSQL's would.
+    pub refuse_bind: bool,
     /// The portal and statement of the client's last Bind: a Describe of that portal tells
     /// the client the statement's shape.
     pub last_bound: Option<(Bytes, Arc<PreparedStatement>)>,
@@ -447,15 +450,13 @@ impl Link<'_> {
         for entry in self.queue.iter_mut() {
             let next = entry.next.min(entry.outcomes.len());
             for outcome in &mut entry.outcomes[next..] {
-                let drops_all = outcome.tag == Some("DEALLOCATE ALL")
-                    || matches!(outcome.effect, Effect::Discarded { .. });
-                if let (
-                    true,
-                    Effect::Deallocated(all)
-                    | Effect::Discarded {
-                        statements: all, ..
-                    },
-                ) = (drops_all, &mut outcome.effect)
+                if !outcome.drops_every_name() {
+                    continue;
+                }
+                if let Effect::Deallocated(all)
+                | Effect::Discarded {
+                    statements: all, ..
+                } = &mut outcome.effect
                 {
                     all.push((name.to_owned(), Arc::clone(statement)));
                     dropped_later = true;

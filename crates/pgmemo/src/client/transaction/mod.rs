@@ -771,7 +771,7 @@ async fn serve_attached(
         doomed: false,
         holding: false,
         probed: None,
-        shape_verdict: None,
+        refuse_bind: false,
         last_bound: None,
         read_back_due: false,
         max_prepared: opts.max_prepared,
@@ -1132,7 +1132,9 @@ impl Pumps<'_, '_> {
                     while let Some(frame) = frames.next() {
                         // A replayed Bind is checked like a new one (`probe_shape`); while
                         // it waits, the rest stays in the log to replay from there.
-                        let ahead = (frame.tag() == wire::frontend::tag::BIND).then(|| {
+                        let ahead = (frame.tag() == wire::frontend::tag::BIND
+                            && !link.client.row_shapes.is_empty())
+                        .then(|| {
                             let mut ahead = BytesMut::from(&frame.raw()[..]);
                             frames
                                 .clone()

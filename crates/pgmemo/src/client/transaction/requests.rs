@@ -790,7 +790,7 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
     let portal = &body[..portal_end];
     let name = std::str::from_utf8(&rest[..stmt_end]).map_err(|_| WireError::InvalidUtf8)?;
     link.last_bound = None;
-    if link.shape_verdict.take() == Some(true) {
+    if std::mem::take(&mut link.refuse_bind) {
         // The client would decode rows of another shape than the one it learnt.
         emit_refusal_frame(shape::changed_error(), link, out);
         return Ok(());
@@ -850,10 +850,10 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
 /// this server described with the client's shape goes as it is; otherwise pgmemo prepares it
 /// afresh here, describes it, and holds the Bind (returns `true`) until the answer tells the
 /// shape: the same, the Bind goes; another, it fails as PostgreSQL's would
-/// (`Link::shape_verdict`). Nothing to do for clients that never described a statement.
+/// (`Link::refuse_bind`). Nothing to do for clients that never described a statement.
 #[inline]
 pub fn probe_shape(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
-    link.shape_verdict = None;
+    link.refuse_bind = false;
     if buf.first() != Some(&frontend::tag::BIND) || link.client.row_shapes.is_empty() || link.doomed
     {
         return false;
@@ -908,21 +908,16 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
         return true;
     }
     match link.server.statements.shape(&statement) {
-        Some(here) if here == learnt => {
+        // The client's shape; or, described afresh, another one: the client's statement has
+        // another shape now; or the probe failed (the client has its error, and the server
+        // skips to the Sync).
+        Some(here) if here == learnt || probed => {
             link.probed = None;
-            link.shape_verdict = Some(false);
+            link.refuse_bind = here != learnt;
             false
         }
-        // Described afresh: the client's statement has another shape now.
-        Some(_) if probed => {
-            link.probed = None;
-            link.shape_verdict = Some(true);
-            false
-        }
-        // The probe failed (the client has its error) and the server skips to the Sync.
         None if probed => {
             link.probed = None;
-            link.shape_verdict = Some(false);
             false
         }
         // Not described here, or as another shape: a statement this server prepared before
