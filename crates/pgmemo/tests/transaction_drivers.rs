@@ -106,6 +106,159 @@ fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
     ]
 }
 
+/// Extended-protocol messages whose layout is wrong (truncated, with bytes left over, a bad
+/// Describe or Close target) fail as in PostgreSQL, which reads the whole message before it
+/// acts on it: an error (08P01), the rest of the batch skipped up to its Sync, a transaction
+/// block aborted; the session, and the server it shares, go on.
+#[tokio::test]
+async fn malformed_messages_fail_as_in_postgres() {
+    within(TEST_DEADLINE, async {
+        let f = msg::frame;
+        let batch = |mut messages: Vec<Vec<u8>>| {
+            messages.push(msg::sync());
+            messages
+        };
+        let steps = vec![
+            // A Bind too short for its counts, an Execute too short for its row limit.
+            (
+                Who::A,
+                batch(vec![
+                    msg::parse("", "SELECT 1", &[]),
+                    f(b'B', b"\0\0\0"),
+                    msg::execute("", 0),
+                ]),
+            ),
+            (
+                Who::A,
+                batch(vec![
+                    msg::parse("", "SELECT 1", &[]),
+                    msg::bind("", "", &[]),
+                    f(b'E', b"\0\0\0"),
+                ]),
+            ),
+            // Bad targets, a name without its terminator, bytes left over.
+            (
+                Who::A,
+                batch(vec![
+                    msg::parse("s1", "SELECT 2", &[]),
+                    f(b'D', b"X\0"),
+                    msg::execute("", 0),
+                ]),
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (Who::A, batch(vec![f(b'C', b"Xs1\0")])),
+            (Who::A, batch(vec![f(b'P', b"s2\0SELECT 3")])),
+            (Who::A, batch(vec![f(b'P', b"s2\0SELECT 3\0\0\0junk")])),
+            (
+                Who::A,
+                batch(vec![f(b'D', b"Ss1\0junk"), msg::describe(b'S', "s1")]),
+            ),
+            (Who::A, batch(vec![f(b'E', b"\0\0\0\0\0junk")])),
+            // What the failed messages named is as it was: s1 parsed before the error, s2 never.
+            (
+                Who::A,
+                batch(vec![msg::bind("", "s1", &[]), msg::execute("", 0)]),
+            ),
+            (
+                Who::A,
+                batch(vec![msg::bind("", "s2", &[]), msg::execute("", 0)]),
+            ),
+            // Inside a block: the block fails.
+            (Who::A, vec![msg::query("BEGIN")]),
+            (Who::A, batch(vec![f(b'D', b"X\0")])),
+            (Who::A, vec![msg::query("SELECT 'aborted'")]),
+            (Who::A, vec![msg::query("ROLLBACK")]),
+            (Who::A, vec![msg::query("SELECT 'A goes on'")]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        let errors = transcript.iter().filter(|l| l.contains("08P01")).count();
+        assert_eq!(errors, 9, "{transcript:#?}");
+    })
+    .await;
+}
+
+/// A client whose `client_encoding` is not UTF-8 (LATIN1 here): its queries, simple or
+/// unnamed extended-protocol ones, go to the server as it sent them, accented literals and
+/// all, as PostgreSQL gets them. What pgmemo must read but cannot (a named prepared
+/// statement, a statement that may change session state, whose bytes are not UTF-8) is
+/// refused with 0A000, and the session goes on.
+#[tokio::test]
+async fn a_latin1_client_runs_its_queries_through_transaction_pooling() {
+    within(TEST_DEADLINE, async {
+        let latin1 = |text: &str| -> Vec<u8> {
+            text.chars()
+                .map(|c| u8::try_from(u32::from(c)).unwrap())
+                .collect()
+        };
+        let parse = |name: &str, text: &str| {
+            let mut body = name.as_bytes().to_vec();
+            body.push(0);
+            body.extend_from_slice(&latin1(text));
+            body.extend_from_slice(&[0, 0, 0]);
+            msg::frame(b'P', &body)
+        };
+        let query = |text: &str| {
+            let mut body = latin1(text);
+            body.push(0);
+            msg::frame(b'Q', &body)
+        };
+        let select = "SELECT 'été' AS v, length('été') AS n";
+        let steps = vec![
+            (Who::A, vec![msg::query("SET client_encoding = 'LATIN1'")]),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (
+                Who::A,
+                vec![
+                    parse("", select),
+                    msg::bind("", "", &[]),
+                    msg::describe(b'P', ""),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (
+                Who::A,
+                vec![msg::bind("", "", &[]), msg::execute("", 0), msg::sync()],
+            ),
+            (Who::A, vec![query(select)]),
+            (Who::A, vec![query("SHOW client_encoding")]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l.contains("DataRow [\u{fffd}t\u{fffd}, 3]")),
+            "{transcript:#?}"
+        );
+
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let mut a = txn_support::Raw::login(pgmemo.port()).await;
+        a.exchange(&[msg::query("SET client_encoding = 'LATIN1'")])
+            .await;
+        for refused in [
+            vec![parse("s1", select), msg::sync()],
+            vec![query("SET application_name = 'café'")],
+            vec![
+                parse("", "SET application_name = 'café'"),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        ] {
+            let answer = a.exchange(&refused).await;
+            assert!(answer.iter().any(|l| l.contains("0A000")), "{answer:#?}");
+        }
+        let answer = a.exchange(&[msg::query("SELECT 'A goes on'")]).await;
+        assert!(
+            answer.iter().any(|l| l.contains("A goes on")),
+            "{answer:#?}"
+        );
+        pgmemo.shutdown().await;
+    })
+    .await;
+}
+
 /// A prepared statement reads its literals under the settings of the session that prepared
 /// it, and keeps that reading after a later SET (PostgreSQL analyses it once). Two clients
 /// that prepare the same text under different TimeZones on one server each get their own

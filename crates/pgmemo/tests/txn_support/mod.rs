@@ -327,7 +327,8 @@ pub fn php(script: &str, args: &[String]) -> tokio::process::Command {
 
 /// Frontend messages, encoded by hand so the tests do not depend on pgmemo's own codec.
 pub mod msg {
-    fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+    /// A message of type `tag` with `body` as it is (also one that is not what `tag` says).
+    pub fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
         let mut out = vec![tag];
         out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
         out.extend_from_slice(body);

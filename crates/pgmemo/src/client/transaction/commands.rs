@@ -217,9 +217,10 @@ impl Planner<'_> {
         if !sql::may_affect_session(text) {
             return Plan::Plain;
         }
-        // Text that is not UTF-8 goes to the server as it is, which refuses it.
+        // Text that is not UTF-8 (a client_encoding such as LATIN1): the analysis cannot read
+        // it, and what it would change cannot be replayed as pgmemo writes it (in UTF-8).
         let Ok(text) = std::str::from_utf8(text) else {
-            return Plan::Plain;
+            return Plan::Refused(not_utf8());
         };
         let Ok(analysis) = sql::analyze(text) else {
             return Plan::Plain;
@@ -765,6 +766,19 @@ pub fn names_temp_schema(element: &str) -> bool {
 }
 
 /// The refusal of a `search_path` naming `pg_temp` (by `SET` or at login).
+/// A statement pgmemo must read but cannot: one that may change session state, or a named
+/// prepared statement (its text keys the statements shared between clients), whose bytes are
+/// not UTF-8. Statements that need none of that (most queries) go to the server as they are
+/// in any `client_encoding`.
+pub fn not_utf8() -> ErrorResponse {
+    unsupported(
+        "in transaction pooling, statements that may change session state and prepared \
+         statement names and texts must be valid UTF-8",
+        "Use client_encoding UTF8 for such statements, or send the statement unnamed or as a \
+         simple query.",
+    )
+}
+
 pub fn temp_search_path() -> ErrorResponse {
     unsupported(
         "a search_path naming pg_temp is not supported in transaction pooling",

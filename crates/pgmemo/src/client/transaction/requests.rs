@@ -16,7 +16,8 @@ use wire::{ErrorResponse, Frame, WireError};
 
 use super::cache::{Pipelined, TxnCache};
 use super::commands::{
-    duplicate, ensure_on, missing, raise_sql, Effect, Outcome, Plan, Planner, Protocol, ServerPrep,
+    duplicate, ensure_on, missing, not_utf8, raise_sql, Effect, Outcome, Plan, Planner, Protocol,
+    ServerPrep,
 };
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use super::shape;
@@ -59,21 +60,26 @@ pub fn translate(
                 link.queue.push_back(Entry::local(answer));
                 return Ok(true);
             }
-            query(frame, link, registry, out)?;
+            query(&frame, link, registry, out)?;
             Ok(false)
         }
         frontend::tag::PARSE => {
             batch_start(link, out);
-            parse(frame, link, registry, out)
+            parse(&frame, link, registry, out).or_else(|e| malformed(e, &frame, link, out))
         }
         frontend::tag::BIND => {
             batch_start(link, out);
-            bind(frame, link, out)?;
-            Ok(false)
+            match bind(&frame, link, out) {
+                Ok(()) => Ok(false),
+                Err(e) => malformed(e, &frame, link, out),
+            }
         }
         frontend::tag::DESCRIBE => {
             batch_start(link, out);
-            let (target, name) = Describe::target_of(frame.body())?;
+            let (target, name) = match Describe::target_of(frame.body()) {
+                Ok(described) => described,
+                Err(e) => return malformed(e, &frame, link, out),
+            };
             match target {
                 Target::Portal => {
                     out.extend_from_slice(frame.raw());
@@ -88,7 +94,11 @@ pub fn translate(
                     link.queue.push_back(entry);
                 }
                 Target::Statement => {
-                    let name = text(name)?;
+                    let Ok(name) = text(name) else {
+                        // No Parse of such a name is taken (`not_utf8`).
+                        emit_missing(&String::from_utf8_lossy(name), link, out);
+                        return Ok(false);
+                    };
                     let recorded = recorded_description(name, link);
                     if let Some(Described {
                         parameters,
@@ -131,7 +141,10 @@ pub fn translate(
         }
         frontend::tag::EXECUTE => {
             batch_start(link, out);
-            let portal = Execute::portal_of(frame.body())?;
+            let portal = match Execute::portal_of(frame.body()) {
+                Ok(portal) => portal,
+                Err(e) => return malformed(e, &frame, link, out),
+            };
             let mut entry = Entry::forward(Expect::Execute);
             if !link.portals.is_empty() {
                 // A utility statement's portal runs once (a second Execute fails with 55000
@@ -181,7 +194,7 @@ pub fn translate(
         }
         frontend::tag::CLOSE => {
             batch_start(link, out);
-            close(frame, link, out)
+            close(&frame, link, out).or_else(|e| malformed(e, &frame, link, out))
         }
         frontend::tag::SYNC => {
             out.extend_from_slice(frame.raw());
@@ -355,6 +368,40 @@ fn unnamed_undecided(link: &Link<'_>, earlier: usize) -> bool {
         .any(|e| e.unnamed.as_ref().is_some_and(|u| u.client.is_some()));
     !parsed_here
         && (link.plain_parse || link.queue.iter().take(earlier).any(|e| e.unnamed.is_some()))
+}
+
+/// An extended-protocol message whose layout is wrong (a missing terminator, too few or too
+/// many bytes, a bad Describe or Close target): it goes to the server as the client sent it,
+/// which fails it with PostgreSQL's own error (08P01, `insufficient data left in message`,
+/// `invalid DESCRIBE message subtype 88`, ...) and skips the batch to its Sync, as it would
+/// without pgmemo. PostgreSQL reads the whole message before it looks at any name in it, and
+/// checks the same layout pgmemo's decoders check, so such a message never acts on the
+/// server. Other errors (a name that is not UTF-8) stay the caller's.
+#[cold]
+fn malformed(
+    error: WireError,
+    frame: &Frame,
+    link: &mut Link<'_>,
+    out: &mut BytesMut,
+) -> Result<bool, WireError> {
+    if !matches!(
+        error,
+        WireError::Truncated | WireError::MissingTerminator | WireError::Malformed(_)
+    ) {
+        return Err(error);
+    }
+    tracing::debug!(%error, "a malformed message goes to the server, which refuses it");
+    out.extend_from_slice(frame.raw());
+    let expect = match frame.tag() {
+        frontend::tag::PARSE => Expect::Parse,
+        frontend::tag::BIND => Expect::Bind,
+        frontend::tag::EXECUTE => Expect::Execute,
+        frontend::tag::CLOSE => Expect::Close,
+        _ => Expect::DescribePortal,
+    };
+    link.queue.push_back(Entry::forward(expect));
+    link.doomed = true;
+    Ok(false)
 }
 
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
@@ -536,7 +583,7 @@ fn in_block_between_requests(link: &Link<'_>) -> bool {
 }
 
 fn query(
-    frame: Frame,
+    frame: &Frame,
     link: &mut Link<'_>,
     registry: &StatementRegistry,
     out: &mut BytesMut,
@@ -566,7 +613,7 @@ fn query(
                 // on this server (see `responses::note_stale_plan`).
                 link.batch.clear();
                 link.retried = false;
-                link.batch.push(&frame);
+                link.batch.push(frame);
             }
             emit_prep(&prep, false, link, out);
             entry.raised = raises;
@@ -598,7 +645,7 @@ fn writes_anything() -> Effects {
 }
 
 fn parse(
-    frame: Frame,
+    frame: &Frame,
     link: &mut Link<'_>,
     registry: &StatementRegistry,
     out: &mut BytesMut,
@@ -619,9 +666,19 @@ fn parse(
         return Ok(false);
     }
     let msg = Parse::decode(frame.body_bytes())?;
-    let name = text(&msg.name)?.to_owned();
-    let sql = text(&msg.query)?;
-    let named = !name.is_empty();
+    let named = !msg.name.is_empty();
+    // An unnamed statement's text goes to the server as the client sent it, in whatever
+    // `client_encoding` (planning refuses what it cannot read); a named one's keys the
+    // registry, and its name the client's records.
+    let sql = match text(&msg.query) {
+        Err(_) if !named => Ok(""),
+        sql => sql,
+    };
+    let (Ok(name), Ok(sql)) = (text(&msg.name), sql) else {
+        emit_refusal(&not_utf8(), link, out);
+        return Ok(false);
+    };
+    let name = name.to_owned();
     if named && link.client.statements.contains_key(&name) {
         // PostgreSQL parses and analyses the text before it looks at the name: a syntax
         // error, several statements, a missing table or an aborted block (unless the text
@@ -636,7 +693,7 @@ fn parse(
         return Ok(false);
     }
     let mut tracked = true;
-    let plan = planner(link, registry).plan(sql.as_bytes(), Protocol::Extended { named });
+    let plan = planner(link, registry).plan(&msg.query, Protocol::Extended { named });
     let (sql, outcome) = match plan {
         Plan::Plain => {
             tracked = false;
@@ -776,7 +833,7 @@ fn learn_types(statement: Arc<PreparedStatement>, link: &mut Link<'_>, out: &mut
     link.queue.push_back(entry);
 }
 
-fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), WireError> {
+fn bind(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), WireError> {
     let body = frame.body();
     let portal_end = body
         .iter()
@@ -788,8 +845,12 @@ fn bind(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wir
         .position(|&b| b == 0)
         .ok_or(WireError::MissingTerminator)?;
     let portal = &body[..portal_end];
-    let name = std::str::from_utf8(&rest[..stmt_end]).map_err(|_| WireError::InvalidUtf8)?;
     link.last_bound = None;
+    let Ok(name) = std::str::from_utf8(&rest[..stmt_end]) else {
+        // No Parse of such a name is taken (`not_utf8`).
+        emit_missing(&String::from_utf8_lossy(&rest[..stmt_end]), link, out);
+        return Ok(());
+    };
     if std::mem::take(&mut link.refuse_bind) {
         // The client would decode rows of another shape than the one it learnt.
         emit_refusal_frame(shape::changed_error(), link, out);
@@ -1186,7 +1247,7 @@ fn restore_unnamed(link: &mut Link<'_>, out: &mut BytesMut) {
     }
 }
 
-fn close(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, WireError> {
+fn close(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, WireError> {
     let msg = Close::decode(frame.body_bytes())?;
     if msg.target == Target::Portal {
         link.portals.remove(&msg.name);
@@ -1194,7 +1255,12 @@ fn close(frame: Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool, 
         link.queue.push_back(Entry::forward(Expect::Close));
         return Ok(false);
     }
-    let name = text(&msg.name)?;
+    let Ok(name) = text(&msg.name) else {
+        // Not a name the client has (`not_utf8`): closing it changes nothing, as
+        // PostgreSQL's Close of a statement that does not exist.
+        link.queue.push_back(Entry::local(close_complete()));
+        return Ok(true);
+    };
     if name.is_empty() {
         // Put back if the server skips the Close (an error earlier in the batch), as
         // PostgreSQL then keeps the statement: otherwise the server would hold a statement
