@@ -109,7 +109,8 @@ fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
 /// Extended-protocol messages whose layout is wrong (truncated, with bytes left over, a bad
 /// Describe or Close target) fail as in PostgreSQL, which reads the whole message before it
 /// acts on it: an error (08P01), the rest of the batch skipped up to its Sync, a transaction
-/// block aborted; the session, and the server it shares, go on.
+/// block aborted; the session, and the server it shares, go on. So do names and texts that
+/// are not UTF-8 from a UTF-8 client (22021).
 #[tokio::test]
 async fn malformed_messages_fail_as_in_postgres() {
     within(TEST_DEADLINE, async {
@@ -169,10 +170,26 @@ async fn malformed_messages_fail_as_in_postgres() {
             (Who::A, vec![msg::query("SELECT 'aborted'")]),
             (Who::A, vec![msg::query("ROLLBACK")]),
             (Who::A, vec![msg::query("SELECT 'A goes on'")]),
+            // Bytes that are not UTF-8 from a UTF-8 client, in a name or a text.
+            (Who::A, batch(vec![f(b'P', b"s3\0SELECT '\xff'\0\0\0")])),
+            (Who::A, batch(vec![f(b'P', b"s\xff\0SELECT 1\0\0\0")])),
+            (Who::A, batch(vec![f(b'P', b"s\xe9\0SELECT '\xff'\0\0\0")])),
+            (
+                Who::A,
+                batch(vec![f(b'B', b"\0s\xff\0\0\0\0\0\0\0"), msg::execute("", 0)]),
+            ),
+            (Who::A, batch(vec![f(b'D', b"Ss\xff\0")])),
+            (Who::A, batch(vec![f(b'C', b"Ss\xff\0")])),
+            (
+                Who::A,
+                batch(vec![msg::bind("", "s1", &[]), msg::execute("", 0)]),
+            ),
         ];
         let transcript = same_as_postgres(&steps).await;
         let errors = transcript.iter().filter(|l| l.contains("08P01")).count();
         assert_eq!(errors, 9, "{transcript:#?}");
+        let errors = transcript.iter().filter(|l| l.contains("22021")).count();
+        assert_eq!(errors, 6, "{transcript:#?}");
     })
     .await;
 }

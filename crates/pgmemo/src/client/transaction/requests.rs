@@ -95,9 +95,7 @@ pub fn translate(
                 }
                 Target::Statement => {
                     let Ok(name) = text(name) else {
-                        // No Parse of such a name is taken (`not_utf8`).
-                        emit_missing(&String::from_utf8_lossy(name), link, out);
-                        return Ok(false);
+                        return Ok(not_utf8_name(&frame, Expect::DescribeStatement, link, out));
                     };
                     let recorded = recorded_description(name, link);
                     if let Some(Described {
@@ -404,6 +402,18 @@ fn malformed(
     Ok(false)
 }
 
+/// A Bind, Describe or Close of a statement name that is not UTF-8: pgmemo never creates
+/// such a statement on a server (its Parse is refused, see `not_utf8`), so the message goes
+/// there as the client sent it and gets PostgreSQL's own answer: 22021 for a UTF-8 client,
+/// otherwise 26000 for a Bind or Describe and CloseComplete for a Close. Returns `false`: no
+/// answer of pgmemo's is queued.
+#[cold]
+fn not_utf8_name(frame: &Frame, expect: Expect, link: &mut Link<'_>, out: &mut BytesMut) -> bool {
+    out.extend_from_slice(frame.raw());
+    link.queue.push_back(Entry::forward(expect));
+    false
+}
+
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
     std::str::from_utf8(bytes).map_err(|_| WireError::InvalidUtf8)
 }
@@ -675,6 +685,32 @@ fn parse(
         sql => sql,
     };
     let (Ok(name), Ok(sql)) = (text(&msg.name), sql) else {
+        // The server reads it first as the unnamed statement: a UTF-8 client gets
+        // PostgreSQL's 22021 for the bytes (a name's first, as PostgreSQL reads it first);
+        // in another client_encoding that Parse passes (a name goes as a comment), and
+        // pgmemo refuses the statement.
+        let (checked, param_types) = match text(&msg.name) {
+            Ok(_) => (msg.query.to_vec(), msg.param_types.clone()),
+            Err(_) => {
+                let name = msg.name.iter().map(|&b| match b {
+                    b'\n' | b'\r' => b' ',
+                    b => b,
+                });
+                (b"-- ".iter().copied().chain(name).collect(), Vec::new())
+            }
+        };
+        let mut parse = BytesMut::new();
+        Parse {
+            name: Bytes::new(),
+            query: Bytes::from(checked),
+            param_types,
+        }
+        .encode(&mut parse);
+        out.extend_from_slice(&parse);
+        let mut entry = Entry::swallow(Expect::Parse);
+        entry.unnamed = Some(link.unnamed_undo(false));
+        link.server.unnamed = Some(OWN_UNNAMED);
+        link.queue.push_back(entry);
         emit_refusal(&not_utf8(), link, out);
         return Ok(false);
     };
@@ -847,8 +883,7 @@ fn bind(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wi
     let portal = &body[..portal_end];
     link.last_bound = None;
     let Ok(name) = std::str::from_utf8(&rest[..stmt_end]) else {
-        // No Parse of such a name is taken (`not_utf8`).
-        emit_missing(&String::from_utf8_lossy(&rest[..stmt_end]), link, out);
+        not_utf8_name(frame, Expect::Bind, link, out);
         return Ok(());
     };
     if std::mem::take(&mut link.refuse_bind) {
@@ -1256,10 +1291,7 @@ fn close(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool,
         return Ok(false);
     }
     let Ok(name) = text(&msg.name) else {
-        // Not a name the client has (`not_utf8`): closing it changes nothing, as
-        // PostgreSQL's Close of a statement that does not exist.
-        link.queue.push_back(Entry::local(close_complete()));
-        return Ok(true);
+        return Ok(not_utf8_name(frame, Expect::Close, link, out));
     };
     if name.is_empty() {
         // Put back if the server skips the Close (an error earlier in the batch), as
