@@ -876,7 +876,8 @@ async fn a_begin_prepared_again_after_a_set_still_starts_its_transaction() {
 /// PostgreSQL's 08P01, not the error of preparing the statement there again first: in an
 /// aborted block (25P02) or under a `search_path` that no longer finds its table (42P01). With
 /// the right number it gets those errors, as from PostgreSQL. `max_prepared_statements` = 1
-/// makes the server lack them.
+/// makes the server lack them. Also for statements the client described (differential seed
+/// 11510: pgmemo prepared such a statement again to check its shape first).
 #[tokio::test]
 async fn a_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else() {
     use Who::A;
@@ -893,9 +894,24 @@ async fn a_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else()
             ],
         )
     };
+    // Described by the client (whose Binds pgmemo then checks for the rows' shape first), one
+    // of them prepared after a SET in its transaction (read under settings pgmemo cannot name).
+    let described = |name: &str, sql: &str| {
+        let messages = vec![
+            msg::parse(name, sql, &[23]),
+            msg::describe(b'S', name),
+            msg::sync(),
+        ];
+        (A, messages)
+    };
     let steps = vec![
         parse("s1", "SELECT $1::int"),
         parse("s2", &format!("SELECT count(*) FROM {t}")),
+        described("s4", &format!("DELETE FROM {t} WHERE k = $1")),
+        q("BEGIN"),
+        q("SET TimeZone = 'UTC'"),
+        described("s5", &format!("SELECT k FROM {t} WHERE k = $1")),
+        q("COMMIT"),
         q("BEGIN"),
         q("SELECT 1/0"),
         run("s1", &[]),
@@ -905,6 +921,8 @@ async fn a_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else()
         parse("s3", "SELECT 3"),
         run("s2", &[Some("1")]),
         run("s2", &[]),
+        run("s4", &[]),
+        run("s5", &[]),
         q("RESET search_path"),
         run("s2", &[]),
     ];
@@ -912,7 +930,7 @@ async fn a_bind_with_the_wrong_parameter_count_is_told_so_before_anything_else()
     let count = |code: &str| direct.iter().filter(|l| l.contains(code)).count();
     assert_eq!(
         (count("08P01"), count("25P02"), count("42P01")),
-        (2, 1, 1),
+        (4, 1, 1),
         "{direct:#?}"
     );
     same_through_evicting(&direct, &steps).await;

@@ -998,6 +998,16 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
     if shape::describes_portal_next(&buf[header.frame_len..], portal) || link.may_be_aborted() {
         return false;
     }
+    // PostgreSQL checks a Bind's counts before it analyses the statement again: a wrong count
+    // is the Bind's error (`bind_count_error`), before anything is prepared here.
+    if !link.server.statements.holds(statement) {
+        let tail = &body[portal.len() + name.len() + 2..];
+        let described = link.client.described.get(&statement.id);
+        let client_name = std::str::from_utf8(name).unwrap_or_default();
+        if bind_count_error(client_name, statement, described, tail).is_some() {
+            return false;
+        }
+    }
     let statement = Arc::clone(statement);
     let probed = link.probed == Some(statement.id);
     if probed && link.queue.iter().any(|e| e.probe) {
@@ -1054,18 +1064,24 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
 fn bind_count_error(
     name: &str,
     statement: &PreparedStatement,
+    described: Option<&Described>,
     tail: &[u8],
 ) -> Option<ErrorResponse> {
-    let ParamTypes::Oids(types) = &statement.key.types else {
-        return None;
-    };
-    count_error(
-        name,
-        &statement.key.text,
-        types,
-        statement.read_under(),
-        tail,
-    )
+    // What a server told the client when it described the statement: exact, whatever
+    // settings the statement was read under.
+    let told = described.and_then(|d| {
+        let count = d.parameters.get(5..7)?;
+        usize::try_from(i16::from_be_bytes([count[0], count[1]])).ok()
+    });
+    count_error(name, tail, || {
+        if told.is_some() {
+            return told;
+        }
+        let ParamTypes::Oids(types) = &statement.key.types else {
+            return None;
+        };
+        lexed_count(&statement.key.text, types, statement.read_under())
+    })
 }
 
 /// [`bind_count_error`] for the client's unnamed statement, when the server lacks it.
@@ -1077,22 +1093,27 @@ fn unnamed_bind_count_error(link: &Link<'_>, tail: &[u8]) -> Option<ErrorRespons
     let parse = Parse::decode(unnamed.parse.slice(5..)).ok()?;
     let text = std::str::from_utf8(&parse.query).ok()?;
     let settings = link.client.settings.parse_digest();
-    count_error("", text, &parse.param_types, settings, tail)
+    count_error("", tail, || lexed_count(text, &parse.param_types, settings))
 }
 
-/// The count checks of [`bind_count_error`] for the statement `name` with `text`, the
-/// parameter `types` its Parse gave and the parse `settings` (`StatementKey::settings`) it
-/// was read under.
-fn count_error(
-    name: &str,
-    text: &str,
-    types: &[u32],
-    settings: &str,
-    tail: &[u8],
-) -> Option<ErrorResponse> {
+/// The parameters a statement with `text`, the parameter `types` its Parse gave and the parse
+/// `settings` (`StatementKey::settings`) it was read under requires, as far as lexing its text
+/// tells (not under settings that lex strings otherwise).
+fn lexed_count(text: &str, types: &[u32], settings: &str) -> Option<usize> {
     if !lexes_as_default(settings) {
         return None;
     }
+    sql::parameter_count(text, types.len(), sql::ParseOptions::default())
+}
+
+/// The count checks of [`bind_count_error`] for the statement `name`, which requires
+/// `required()` parameters (`None`: not known, only the formats are checked against the
+/// values, which PostgreSQL checks whatever the statement).
+fn count_error(
+    name: &str,
+    tail: &[u8],
+    required: impl FnOnce() -> Option<usize>,
+) -> Option<ErrorResponse> {
     let count_at = |at: usize| {
         let n = i16::from_be_bytes(tail.get(at..at + 2)?.try_into().ok()?);
         usize::try_from(n).ok()
@@ -1105,7 +1126,7 @@ fn count_error(
             format!("bind message has {formats} parameter formats but {params} parameters"),
         ));
     }
-    let required = sql::parameter_count(text, types.len(), sql::ParseOptions::default())?;
+    let required = required()?;
     (params != required).then(|| {
         ErrorResponse::error(
             PROTOCOL_VIOLATION,
@@ -1165,7 +1186,8 @@ fn statement_for_use(
         return None;
     };
     if let Some(tail) = bind.filter(|_| !link.server.statements.holds(&statement)) {
-        if let Some(e) = bind_count_error(name, &statement, tail) {
+        let described = link.client.described.get(&statement.id);
+        if let Some(e) = bind_count_error(name, &statement, described, tail) {
             emit_refusal(&e, link, out);
             return None;
         }
