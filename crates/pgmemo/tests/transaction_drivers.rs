@@ -1558,6 +1558,44 @@ async fn another_clients_error_is_not_the_unnamed_statement_of_the_next() {
     .await;
 }
 
+/// In an aborted block PostgreSQL still describes a statement that returns no rows (from what
+/// its Parse fixed). The client's unnamed statement is described so too when the server's
+/// unnamed statement is no longer the client's (here pgmemo's own Parse of a statement the
+/// server held replaced it), where parsing it there again would fail with 25P02
+/// (differential seed 11706).
+#[tokio::test]
+async fn the_unnamed_statement_is_described_in_an_aborted_block_as_in_postgres() {
+    use Who::{A, B};
+    let t = create_table("abortdescribe", "(k int, v int)").await;
+    let begin = "BEGIN ISOLATION LEVEL SERIALIZABLE";
+    let run = |name: &str| {
+        vec![
+            msg::parse(name, begin, &[]),
+            msg::bind("", name, &[]),
+            msg::execute("", 0),
+            msg::sync(),
+        ]
+    };
+    let update = format!("UPDATE {t} SET v = v + 1 WHERE k = $1");
+    let steps = vec![
+        // The server holds the text under pgmemo's name.
+        (A, run("a1")),
+        (A, vec![msg::query("ROLLBACK")]),
+        (B, vec![msg::parse("", &update, &[23]), msg::sync()]),
+        (B, run("b1")),
+        (B, vec![msg::execute("nowhere", 0), msg::sync()]),
+        (B, vec![msg::describe(b'S', ""), msg::sync()]),
+        (B, vec![msg::query("ROLLBACK")]),
+        (B, vec![msg::describe(b'S', ""), msg::sync()]),
+    ];
+    let transcript = same_as_postgres(&steps).await;
+    assert!(
+        transcript.iter().any(|l| l == " 5 B| NoData"),
+        "{transcript:#?}"
+    );
+    drop_table(&t).await;
+}
+
 /// A Close of the unnamed statement that the server skips (an error earlier in its batch)
 /// leaves the statement where it was, as PostgreSQL does: still the client's, and never run
 /// by another client sharing the server, whether pgmemo sent the Close on (the server held

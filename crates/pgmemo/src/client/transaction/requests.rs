@@ -1202,7 +1202,17 @@ fn statement_for_use(
 /// [`described_by_parse`]).
 fn recorded_description(name: &str, link: &Link<'_>) -> Option<Described> {
     if name.is_empty() {
-        return None;
+        // The client's unnamed statement, on a server whose unnamed statement is another
+        // (pgmemo would parse it there again, which fails in an aborted block where
+        // PostgreSQL describes a statement that returns no rows; seed 11706).
+        let unnamed = link.client.unnamed.as_ref()?;
+        if link.server.unnamed == Some((link.client.tag, unnamed.seq)) {
+            return None;
+        }
+        let parse = Parse::decode(unnamed.parse.slice(5..)).ok()?;
+        let text = std::str::from_utf8(&parse.query).ok()?;
+        let settings = link.client.settings.parse_digest();
+        return described_by(text, &parse.param_types, settings);
     }
     let statement = link.client.statements.get(name)?;
     if link.server.statements.holds(statement) {
@@ -1226,10 +1236,15 @@ fn described_by_parse(statement: &PreparedStatement) -> Option<Described> {
     else {
         return None;
     };
-    if types.contains(&0) || !lexes_as_default(statement.read_under()) {
+    described_by(&statement.key.text, types, statement.read_under())
+}
+
+/// [`described_by_parse`] for a Parse of `text` with `types`, read under the parse
+/// `settings` (`StatementKey::settings`).
+fn described_by(text: &str, types: &[u32], settings: &str) -> Option<Described> {
+    if types.contains(&0) || !lexes_as_default(settings) {
         return None;
     }
-    let text = &statement.key.text;
     let options = sql::ParseOptions::default();
     if sql::parameter_count(text, types.len(), options)? != types.len() {
         return None;
