@@ -765,7 +765,6 @@ pub fn names_temp_schema(element: &str) -> bool {
     element.starts_with("pg_temp")
 }
 
-/// The refusal of a `search_path` naming `pg_temp` (by `SET` or at login).
 /// A statement pgmemo must read but cannot: one that may change session state, or a named
 /// prepared statement (its text keys the statements shared between clients), whose bytes are
 /// not UTF-8. Statements that need none of that (most queries) go to the server as they are
@@ -779,6 +778,7 @@ pub fn not_utf8() -> ErrorResponse {
     )
 }
 
+/// The refusal of a `search_path` naming `pg_temp` (by `SET` or at login).
 pub fn temp_search_path() -> ErrorResponse {
     unsupported(
         "a search_path naming pg_temp is not supported in transaction pooling",

@@ -414,6 +414,38 @@ fn not_utf8_name(frame: &Frame, expect: Expect, link: &mut Link<'_>, out: &mut B
     false
 }
 
+/// A named Parse whose name or text is not UTF-8, refused (`not_utf8`). The server reads it
+/// first as the unnamed statement: a UTF-8 client gets PostgreSQL's 22021 for the bytes (a
+/// name's first, as PostgreSQL reads the name first); in another client_encoding that Parse
+/// passes (a name goes as a comment) or fails as PostgreSQL's would, and pgmemo refuses the
+/// statement after it.
+#[cold]
+fn not_utf8_parse(msg: &Parse, link: &mut Link<'_>, out: &mut BytesMut) {
+    let (checked, param_types) = match text(&msg.name) {
+        Ok(_) => (msg.query.to_vec(), msg.param_types.clone()),
+        Err(_) => {
+            let name = msg.name.iter().map(|&b| match b {
+                b'\n' | b'\r' => b' ',
+                b => b,
+            });
+            (b"-- ".iter().copied().chain(name).collect(), Vec::new())
+        }
+    };
+    let mut parse = BytesMut::new();
+    Parse {
+        name: Bytes::new(),
+        query: Bytes::from(checked),
+        param_types,
+    }
+    .encode(&mut parse);
+    out.extend_from_slice(&parse);
+    let mut entry = Entry::swallow(Expect::Parse);
+    entry.unnamed = Some(link.unnamed_undo(false));
+    link.server.unnamed = Some(OWN_UNNAMED);
+    link.queue.push_back(entry);
+    emit_refusal(&not_utf8(), link, out);
+}
+
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
     std::str::from_utf8(bytes).map_err(|_| WireError::InvalidUtf8)
 }
@@ -685,33 +717,7 @@ fn parse(
         sql => sql,
     };
     let (Ok(name), Ok(sql)) = (text(&msg.name), sql) else {
-        // The server reads it first as the unnamed statement: a UTF-8 client gets
-        // PostgreSQL's 22021 for the bytes (a name's first, as PostgreSQL reads it first);
-        // in another client_encoding that Parse passes (a name goes as a comment), and
-        // pgmemo refuses the statement.
-        let (checked, param_types) = match text(&msg.name) {
-            Ok(_) => (msg.query.to_vec(), msg.param_types.clone()),
-            Err(_) => {
-                let name = msg.name.iter().map(|&b| match b {
-                    b'\n' | b'\r' => b' ',
-                    b => b,
-                });
-                (b"-- ".iter().copied().chain(name).collect(), Vec::new())
-            }
-        };
-        let mut parse = BytesMut::new();
-        Parse {
-            name: Bytes::new(),
-            query: Bytes::from(checked),
-            param_types,
-        }
-        .encode(&mut parse);
-        out.extend_from_slice(&parse);
-        let mut entry = Entry::swallow(Expect::Parse);
-        entry.unnamed = Some(link.unnamed_undo(false));
-        link.server.unnamed = Some(OWN_UNNAMED);
-        link.queue.push_back(entry);
-        emit_refusal(&not_utf8(), link, out);
+        not_utf8_parse(&msg, link, out);
         return Ok(false);
     };
     let name = name.to_owned();
