@@ -194,6 +194,83 @@ async fn malformed_messages_fail_as_in_postgres() {
     .await;
 }
 
+/// Batches with one message damaged at random (cut short, lengthened, one byte replaced or
+/// dropped), seeded: every answer as from PostgreSQL, which checks a message's layout (and a
+/// UTF-8 client's bytes) before it acts on it. The mutation fuzzer that found the cases of
+/// [`malformed_messages_fail_as_in_postgres`], kept as a test.
+#[tokio::test]
+async fn randomly_damaged_messages_fail_as_in_postgres() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("damaged", "(k int PRIMARY KEY, v text)").await;
+        LocalPostgres
+            .client(USER, DB)
+            .await
+            .batch_execute(&format!("INSERT INTO {t} VALUES (7, 'seven')"))
+            .await
+            .unwrap();
+        // xorshift64*: a few hundred numbers, the same on every run.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |below: usize| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % below.max(1)
+        };
+        let texts = [
+            "SELECT 1 AS a".to_owned(),
+            "SELECT $1::int AS b".to_owned(),
+            format!("SELECT v FROM {t} WHERE k = $1"),
+        ];
+        let mut steps = Vec::new();
+        for _ in 0..40 {
+            let text = &texts[next(texts.len())];
+            let params: Vec<Option<&str>> = vec![Some("7"); text.matches('$').count()];
+            let name = ["", "s1"][next(2)];
+            let mut messages = vec![
+                msg::parse(name, text, &[]),
+                msg::bind("", name, &params),
+                msg::describe(b'P', ""),
+                msg::execute("", 0),
+                msg::sync(),
+                msg::bind("p1", name, &params),
+                msg::describe(b'S', name),
+                msg::execute("p1", 0),
+                msg::close(b'P', "p1"),
+                msg::close(b'S', name),
+                msg::sync(),
+            ];
+            let victims: Vec<usize> = (0..messages.len())
+                .filter(|&i| messages[i][0] != b'S')
+                .collect();
+            let victim = &mut messages[victims[next(victims.len())]];
+            let mut body = victim[5..].to_vec();
+            match next(4) {
+                0 if !body.is_empty() => body.truncate(next(body.len())),
+                1 => body.extend((0..=next(3)).map(|_| next(256) as u8)),
+                2 if !body.is_empty() => {
+                    let at = next(body.len());
+                    body[at] = [0, 0xff, b'X', 1][next(4)];
+                }
+                _ if !body.is_empty() => {
+                    body.remove(next(body.len()));
+                }
+                _ => body.push(b'X'),
+            }
+            *victim = msg::frame(victim[0], &body);
+            steps.push((Who::A, messages));
+            steps.push((Who::B, vec![msg::query("SELECT 'B in between'")]));
+        }
+        let transcript = same_as_postgres(&steps).await;
+        let refused = transcript
+            .iter()
+            .filter(|l| l.contains("08P01") || l.contains("22021"))
+            .count();
+        assert!(refused >= 20, "{transcript:#?}");
+        drop_table(&t).await;
+    })
+    .await;
+}
+
 /// A client whose `client_encoding` is not UTF-8 (LATIN1 here): its queries, simple or
 /// unnamed extended-protocol ones, go to the server as it sent them, accented literals and
 /// all, as PostgreSQL gets them. What pgmemo must read but cannot (a named prepared
