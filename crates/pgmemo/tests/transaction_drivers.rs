@@ -317,6 +317,18 @@ async fn a_latin1_client_runs_its_queries_through_transaction_pooling() {
             ),
             (Who::A, vec![query(select)]),
             (Who::A, vec![query("SHOW client_encoding")]),
+            // A name that is not UTF-8 and that nothing created: 26000, and a Close of it
+            // changes nothing, as in PostgreSQL.
+            (
+                Who::A,
+                vec![
+                    msg::frame(b'B', b"\0s\xe9\0\0\0\0\0\0\0"),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (Who::A, vec![msg::frame(b'D', b"Ss\xe9\0"), msg::sync()]),
+            (Who::A, vec![msg::frame(b'C', b"Ss\xe9\0"), msg::sync()]),
         ];
         let transcript = same_as_postgres(&steps).await;
         assert!(

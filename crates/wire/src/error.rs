@@ -83,6 +83,23 @@ impl ErrorResponse {
         self.encode_as(b'E')
     }
 
+    /// Encodes as an ErrorResponse frame that also names the source routine (`R`), for the
+    /// few errors clients recognise by it (pgjdbc and sqlx prepare a statement again on
+    /// `RevalidateCachedQuery`). Not a field of the struct: errors pgmemo re-encodes were
+    /// raised by code of its own, whose routine is not the one PostgreSQL would name.
+    pub fn encode_with_routine(&self, routine: &str) -> Bytes {
+        let mut out = BytesMut::with_capacity(64 + self.message.len() + routine.len());
+        put_message(&mut out, b'E', |b| {
+            self.put_fields(b);
+            // Before the terminating zero.
+            b.truncate(b.len() - 1);
+            b.put_u8(b'R');
+            put_cstr(b, routine);
+            b.put_u8(0);
+        });
+        out.freeze()
+    }
+
     /// Encodes as a NoticeResponse ('N') frame.
     pub fn encode_notice(&self) -> Bytes {
         self.encode_as(b'N')
@@ -156,6 +173,16 @@ impl std::fmt::Display for ErrorResponse {
 mod tests {
     use super::*;
     use crate::sqlstate;
+
+    #[test]
+    fn a_routine_goes_last_and_the_rest_reads_as_without_it() {
+        let e = ErrorResponse::error(sqlstate::FEATURE_NOT_SUPPORTED, "m").with_hint("h");
+        let frame = e.encode_with_routine("R1");
+        assert!(frame.ends_with(b"RR1\0\0"));
+        let len = u32::from_be_bytes(frame[1..5].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 1);
+        assert_eq!(ErrorResponse::parse(&frame[5..]).unwrap(), e);
+    }
 
     #[test]
     fn round_trip() {

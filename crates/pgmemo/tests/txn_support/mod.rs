@@ -182,18 +182,9 @@ pub async fn python_deps() -> PathBuf {
 }
 
 fn install_python_deps() -> Result<PathBuf, String> {
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
-    let dir = root.join("pgmemo-pydeps");
-    let marker = dir.join(".pgmemo-installed");
-    let wanted = PY_PACKAGES.join("\n");
-    let _lock = lock_exclusive(&root.join("pgmemo-pydeps.lock"));
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
-        return Ok(dir);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = std::process::Command::new("python3")
-        .args([
+    install_once("pgmemo-pydeps", PY_PACKAGES, |dir| {
+        let mut pip = std::process::Command::new("python3");
+        pip.args([
             "-m",
             "pip",
             "install",
@@ -201,15 +192,40 @@ fn install_python_deps() -> Result<PathBuf, String> {
             "--disable-pip-version-check",
         ])
         .args(["--no-input", "--target"])
-        .arg(&dir)
+        .arg(dir)
         .args(PY_PACKAGES)
-        .env("PIP_ROOT_USER_ACTION", "ignore")
+        .env("PIP_ROOT_USER_ACTION", "ignore");
+        pip
+    })
+}
+
+/// Installs `packages` into `CARGO_TARGET_TMPDIR/NAME` with the command `install(dir)` once
+/// per target directory: later runs find the list of packages in a marker file and reuse the
+/// directory. Under a file lock, so parallel test processes do not race.
+fn install_once(
+    name: &str,
+    packages: &[&str],
+    install: impl FnOnce(&Path) -> std::process::Command,
+) -> Result<PathBuf, String> {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
+    let dir = root.join(name);
+    let marker = dir.join(".pgmemo-installed");
+    let wanted = packages.join("\n");
+    let _lock = lock_exclusive(&root.join(format!("{name}.lock")));
+    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
+        return Ok(dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let mut command = install(&dir);
+    let out = command
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run python3 -m pip: {e}"))?;
+        .map_err(|e| format!("cannot run {:?}: {e}", command.get_program()))?;
     if !out.status.success() {
         return Err(format!(
-            "pip install {PY_PACKAGES:?} failed ({}):\n{}\n{}",
+            "installing {packages:?} failed ({}):\n{}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
@@ -267,35 +283,14 @@ pub async fn node_deps() -> PathBuf {
 }
 
 fn install_node_deps() -> Result<PathBuf, String> {
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
-    let dir = root.join("pgmemo-nodedeps");
-    let modules = dir.join("node_modules");
-    let marker = dir.join(".pgmemo-installed");
-    let wanted = NODE_PACKAGES.join("\n");
-    let _lock = lock_exclusive(&root.join("pgmemo-nodedeps.lock"));
-    if std::fs::read_to_string(&marker).ok().as_deref() == Some(wanted.as_str()) {
-        return Ok(modules);
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let out = std::process::Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
-        .arg(&dir)
-        .args(NODE_PACKAGES)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run npm: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "npm install {NODE_PACKAGES:?} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    std::fs::write(&marker, wanted).map_err(|e| format!("writing {}: {e}", marker.display()))?;
-    Ok(modules)
+    let dir = install_once("pgmemo-nodedeps", NODE_PACKAGES, |dir| {
+        let mut npm = std::process::Command::new("npm");
+        npm.args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+            .arg(dir)
+            .args(NODE_PACKAGES);
+        npm
+    })?;
+    Ok(dir.join("node_modules"))
 }
 
 /// `node tests/node/SCRIPT ARGS...` with node-postgres on `NODE_PATH`.

@@ -1008,9 +1008,8 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
     // is the Bind's error (`bind_count_error`), before anything is prepared here.
     if !link.server.statements.holds(statement) {
         let tail = &body[portal.len() + name.len() + 2..];
-        let described = link.client.described.get(&statement.id);
         let client_name = std::str::from_utf8(name).unwrap_or_default();
-        if bind_count_error(client_name, statement, described, tail).is_some() {
+        if bind_count_error(client_name, statement, link, tail).is_some() {
             return false;
         }
     }
@@ -1070,12 +1069,12 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
 fn bind_count_error(
     name: &str,
     statement: &PreparedStatement,
-    described: Option<&Described>,
+    link: &Link<'_>,
     tail: &[u8],
 ) -> Option<ErrorResponse> {
     // What a server told the client when it described the statement: exact, whatever
     // settings the statement was read under.
-    let told = described.and_then(|d| {
+    let told = link.client.described.get(&statement.id).and_then(|d| {
         let count = d.parameters.get(5..7)?;
         usize::try_from(i16::from_be_bytes([count[0], count[1]])).ok()
     });
@@ -1090,13 +1089,19 @@ fn bind_count_error(
     })
 }
 
-/// [`bind_count_error`] for the client's unnamed statement, when the server lacks it.
-fn unnamed_bind_count_error(link: &Link<'_>, tail: &[u8]) -> Option<ErrorResponse> {
+/// The client's unnamed statement, as its Parse, when the server's unnamed statement is
+/// another (pgmemo would parse it there again before using it).
+fn unnamed_elsewhere(link: &Link<'_>) -> Option<Parse> {
     let unnamed = link.client.unnamed.as_ref()?;
     if link.server.unnamed == Some((link.client.tag, unnamed.seq)) {
         return None;
     }
-    let parse = Parse::decode(unnamed.parse.slice(5..)).ok()?;
+    Parse::decode(unnamed.parse.slice(5..)).ok()
+}
+
+/// [`bind_count_error`] for the client's unnamed statement, when the server lacks it.
+fn unnamed_bind_count_error(link: &Link<'_>, tail: &[u8]) -> Option<ErrorResponse> {
+    let parse = unnamed_elsewhere(link)?;
     let text = std::str::from_utf8(&parse.query).ok()?;
     let settings = link.client.settings.parse_digest();
     count_error("", tail, || lexed_count(text, &parse.param_types, settings))
@@ -1192,8 +1197,7 @@ fn statement_for_use(
         return None;
     };
     if let Some(tail) = bind.filter(|_| !link.server.statements.holds(&statement)) {
-        let described = link.client.described.get(&statement.id);
-        if let Some(e) = bind_count_error(name, &statement, described, tail) {
+        if let Some(e) = bind_count_error(name, &statement, link, tail) {
             emit_refusal(&e, link, out);
             return None;
         }
@@ -1211,11 +1215,7 @@ fn recorded_description(name: &str, link: &Link<'_>) -> Option<Described> {
         // The client's unnamed statement, on a server whose unnamed statement is another
         // (pgmemo would parse it there again, which fails in an aborted block where
         // PostgreSQL describes a statement that returns no rows; seed 11706).
-        let unnamed = link.client.unnamed.as_ref()?;
-        if link.server.unnamed == Some((link.client.tag, unnamed.seq)) {
-            return None;
-        }
-        let parse = Parse::decode(unnamed.parse.slice(5..)).ok()?;
+        let parse = unnamed_elsewhere(link)?;
         let text = std::str::from_utf8(&parse.query).ok()?;
         let settings = link.client.settings.parse_digest();
         return described_by(text, &parse.param_types, settings);
