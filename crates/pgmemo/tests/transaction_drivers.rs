@@ -66,6 +66,21 @@ async fn same_through_evicting_at(port: u16, direct: &[String], steps: &[(Who, V
     }
 }
 
+/// Asserts the `direct` answers to `steps` through pgmemo in session pooling, cache on and
+/// off: for the tests of malformed input, which both pooling modes must fail as PostgreSQL.
+async fn same_in_session_pooling(direct: &[String], steps: &[(Who, Vec<Vec<u8>>)]) {
+    for cache in [Switch::On, Switch::Off] {
+        // A server for each of the two clients.
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 2, |c| {
+            c.cache = cache;
+            c.pool_mode = pgmemo::config::PoolMode::Session;
+        })
+        .await;
+        let what = format!("session pooling, cache {cache:?}");
+        assert_same_through(pgmemo, direct, steps, what).await;
+    }
+}
+
 /// A cluster of the test's own with the database [`DB`]: PostgreSQL analyses a statement
 /// again, under the settings in force then, whenever DDL anywhere on the server resets the
 /// plan cache (`CREATE SCHEMA` does), which other tests on the shared server do at any time.
@@ -184,20 +199,116 @@ async fn malformed_messages_fail_as_in_postgres() {
                 Who::A,
                 batch(vec![msg::bind("", "s1", &[]), msg::execute("", 0)]),
             ),
+            // PostgreSQL refuses such an unnamed Parse while it reads it, before it drops the
+            // unnamed statement it had: that one still runs (B's Query in between dropped it
+            // on the server they share).
+            (
+                Who::A,
+                batch(vec![
+                    msg::parse("", "SELECT $1::int AS kept", &[]),
+                    msg::bind("", "", &[Some("1")]),
+                    msg::execute("", 0),
+                ]),
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (Who::A, batch(vec![f(b'P', b"\0SELECT '\xff'\0\0\0")])),
+            (
+                Who::A,
+                batch(vec![msg::bind("", "", &[Some("2")]), msg::execute("", 0)]),
+            ),
         ];
         let transcript = same_as_postgres(&steps).await;
+        same_in_session_pooling(&transcript, &steps).await;
         let errors = transcript.iter().filter(|l| l.contains("08P01")).count();
         assert_eq!(errors, 9, "{transcript:#?}");
         let errors = transcript.iter().filter(|l| l.contains("22021")).count();
+        assert_eq!(errors, 7, "{transcript:#?}");
+        assert!(
+            transcript.iter().any(|l| l.ends_with("DataRow [2]")),
+            "{transcript:#?}"
+        );
+    })
+    .await;
+}
+
+/// A Sync or a Flush with bytes in its body fails as in PostgreSQL (08P01), with transaction
+/// and session pooling, cache on and off. PostgreSQL fails such a Sync before it commits: the
+/// implicit transaction is rolled back (a `SET` in it too) and ReadyForQuery follows; a failed
+/// Flush skips the batch to its Sync. pgmemo once answered them as a plain Sync or Flush, from
+/// the cache or without a server.
+#[tokio::test]
+async fn a_sync_or_flush_with_a_body_fails_as_in_postgres() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("sync_body", "(k int PRIMARY KEY, v text)").await;
+        LocalPostgres
+            .client(USER, DB)
+            .await
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one')"))
+            .await
+            .unwrap();
+        let f = msg::frame;
+        let select = format!("SELECT v FROM {t} WHERE k = $1");
+        let read = |sync: Vec<u8>| {
+            vec![
+                msg::parse("", &select, &[]),
+                msg::bind("", "", &[Some("1")]),
+                msg::describe(b'P', ""),
+                msg::execute("", 0),
+                sync,
+            ]
+        };
+        let set_in = |sync: Vec<u8>| {
+            vec![
+                msg::parse("", "SET application_name = 'rolled_back'", &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+                sync,
+            ]
+        };
+        let steps = vec![
+            (Who::A, vec![f(b'S', b"x")]),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            // Twice cleanly (the cache keeps it), then ended by a Sync with a body.
+            (Who::A, read(msg::sync())),
+            (Who::A, read(msg::sync())),
+            (Who::A, read(f(b'S', b"junk"))),
+            (Who::A, set_in(f(b'S', b"\0"))),
+            (Who::A, vec![msg::query("SHOW application_name")]),
+            (Who::A, set_in(msg::sync())),
+            (Who::B, vec![msg::query("SHOW application_name")]),
+            (Who::A, vec![msg::query("SHOW application_name")]),
+            (Who::A, vec![f(b'H', b"x"), msg::sync()]),
+            (
+                Who::A,
+                vec![
+                    msg::parse("", "SELECT 1", &[]),
+                    f(b'H', b"xy"),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (Who::A, vec![msg::flush(), msg::query("SELECT 'A goes on'")]),
+            // Inside a block: the block fails.
+            (Who::A, vec![msg::query("BEGIN")]),
+            (Who::A, vec![f(b'S', b"x")]),
+            (Who::A, vec![msg::query("SELECT 'aborted'")]),
+            (Who::A, vec![msg::query("ROLLBACK")]),
+            (Who::A, read(msg::sync())),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        let errors = transcript.iter().filter(|l| l.contains("08P01")).count();
         assert_eq!(errors, 6, "{transcript:#?}");
+        same_in_session_pooling(&transcript, &steps).await;
+        drop_table(&t).await;
     })
     .await;
 }
 
 /// Batches with one message damaged at random (cut short, lengthened, one byte replaced or
-/// dropped), seeded: every answer as from PostgreSQL, which checks a message's layout (and a
-/// UTF-8 client's bytes) before it acts on it. The mutation fuzzer that found the cases of
-/// [`malformed_messages_fail_as_in_postgres`], kept as a test.
+/// dropped; a Sync or a Flush given a body), seeded: every answer as from PostgreSQL, which
+/// checks a message's layout (and a UTF-8 client's bytes) before it acts on it. The mutation
+/// fuzzer that found the cases of [`malformed_messages_fail_as_in_postgres`], kept as a test.
 #[tokio::test]
 async fn randomly_damaged_messages_fail_as_in_postgres() {
     within(TEST_DEADLINE, async {
@@ -209,7 +320,11 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
             .await
             .unwrap();
         // xorshift64*: a few hundred numbers, the same on every run.
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        // `PGMEMO_FUZZ_SEED` and `PGMEMO_FUZZ_BATCHES` run other batches, for a longer search.
+        let mut state = std::env::var("PGMEMO_FUZZ_SEED")
+            .map_or(0x9e37_79b9_7f4a_7c15u64, |s| s.parse().expect("a u64 seed"));
+        let batches: usize = std::env::var("PGMEMO_FUZZ_BATCHES")
+            .map_or(40, |s| s.parse().expect("a number of batches"));
         let mut next = move |below: usize| {
             state ^= state >> 12;
             state ^= state << 25;
@@ -222,7 +337,7 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
             format!("SELECT v FROM {t} WHERE k = $1"),
         ];
         let mut steps = Vec::new();
-        for _ in 0..40 {
+        for _ in 0..batches {
             let text = &texts[next(texts.len())];
             let params: Vec<Option<&str>> = vec![Some("7"); text.matches('$').count()];
             let name = ["", "s1"][next(2)];
@@ -234,15 +349,14 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
                 msg::sync(),
                 msg::bind("p1", name, &params),
                 msg::describe(b'S', name),
+                msg::flush(),
                 msg::execute("p1", 0),
                 msg::close(b'P', "p1"),
                 msg::close(b'S', name),
                 msg::sync(),
             ];
-            let victims: Vec<usize> = (0..messages.len())
-                .filter(|&i| messages[i][0] != b'S')
-                .collect();
-            let victim = &mut messages[victims[next(victims.len())]];
+            let at = next(messages.len());
+            let victim = &mut messages[at];
             let mut body = victim[5..].to_vec();
             match next(4) {
                 0 if !body.is_empty() => body.truncate(next(body.len())),
@@ -261,11 +375,12 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
             steps.push((Who::B, vec![msg::query("SELECT 'B in between'")]));
         }
         let transcript = same_as_postgres(&steps).await;
+        same_in_session_pooling(&transcript, &steps).await;
         let refused = transcript
             .iter()
             .filter(|l| l.contains("08P01") || l.contains("22021"))
             .count();
-        assert!(refused >= 20, "{transcript:#?}");
+        assert!(refused >= batches / 2, "{transcript:#?}");
         drop_table(&t).await;
     })
     .await;

@@ -9,6 +9,7 @@ pub const INVALID_PASSWORD: &str = "28P01";
 pub const INVALID_AUTHORIZATION_SPECIFICATION: &str = "28000";
 pub const INVALID_CATALOG_NAME: &str = "3D000";
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+pub const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
 pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 pub const ADMIN_SHUTDOWN: &str = "57P01";

@@ -84,6 +84,11 @@ pub(crate) fn scan_batch(buf: &[u8], max: usize) -> Batch {
         }
         pos += h.frame_len;
         if h.tag == b'S' {
+            // A Sync with a body fails on the server (08P01) after the rest ran: never a
+            // batch the cache answers alone.
+            if h.frame_len != FrameHeader::SIZE {
+                return Batch::Other;
+            }
             return Batch::Complete(pos);
         }
     }

@@ -170,13 +170,18 @@ pub struct Revert {
 
 /// What a Parse or Close of the unnamed statement changed in pgmemo's records: put back when
 /// the server skips the message (an error earlier in the batch, as PostgreSQL then keeps the
-/// statement it had); when the message itself fails, the server holds no unnamed statement.
+/// statement it had); when the message itself fails, the server holds no unnamed statement,
+/// unless it failed while PostgreSQL read it (`unreadable`).
 pub struct UnnamedUndo {
     /// The client's unnamed statement before, when the message was the client's own Parse
     /// or Close.
     pub client: Option<Option<Unnamed>>,
     /// The server's before.
     pub server: Option<(u64, u64)>,
+    /// The client's Parse of a text that is not UTF-8: a UTF-8 client's gets 22021 while
+    /// PostgreSQL reads the message, before it drops the unnamed statement it had, so that
+    /// error puts back what was (any other failure leaves none).
+    pub unreadable: bool,
 }
 
 /// One answer (or group of answers) owed to the client.
@@ -476,6 +481,7 @@ impl Link<'_> {
         Box::new(UnnamedUndo {
             client: client.then(|| self.client.unnamed.clone()),
             server: self.server.unnamed,
+            unreadable: false,
         })
     }
 

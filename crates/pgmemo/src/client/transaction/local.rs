@@ -35,6 +35,8 @@ pub fn answer(
         }
         let body = &buf[at + FrameHeader::SIZE..at + header.frame_len];
         match header.tag {
+            // A Sync with a body: the server fails it (08P01) and rolls back.
+            frontend::tag::SYNC if !body.is_empty() => return None,
             frontend::tag::SYNC => break,
             frontend::tag::PARSE if body.first().is_some_and(|&c| c != 0) => {}
             frontend::tag::CLOSE => {}

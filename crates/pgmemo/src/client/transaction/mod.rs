@@ -175,10 +175,13 @@ pub async fn run(
         if client.buf.first() == Some(&wire::frontend::tag::FLUSH)
             && state.status == TransactionStatus::Idle
         {
-            // Nothing is pending while detached: a Flush has nothing to flush.
+            // Nothing is pending while detached: a Flush has nothing to flush. One with a
+            // body goes to a server, which fails it (08P01) and skips to the next Sync.
             if let Ok(Some(h)) = FrameHeader::peek(&client.buf, max_message) {
-                let _ = client.buf.split_to(h.frame_len);
-                continue;
+                if h.frame_len == FrameHeader::SIZE {
+                    let _ = client.buf.split_to(h.frame_len);
+                    continue;
+                }
             }
         }
         // A reload takes effect from the next request on (one integer comparison each).

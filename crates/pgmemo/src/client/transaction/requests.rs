@@ -205,6 +205,16 @@ pub fn translate(
             link.doomed = false;
             Ok(false)
         }
+        frontend::tag::FLUSH if !frame.body().is_empty() && !link.doomed => {
+            // The server fails it (08P01) and skips to the next Sync; it flushes nothing.
+            // (A server already skipping to the Sync ignores it, as any other Flush.)
+            malformed(
+                WireError::Malformed("a Flush with a body"),
+                &frame,
+                link,
+                out,
+            )
+        }
         frontend::tag::FLUSH => {
             // A Flush with nothing pending (psycopg sends one after each Sync) must not keep
             // the server attached.
@@ -369,10 +379,10 @@ fn unnamed_undecided(link: &Link<'_>, earlier: usize) -> bool {
 }
 
 /// An extended-protocol message whose layout is wrong (a missing terminator, too few or too
-/// many bytes, a bad Describe or Close target): it goes to the server as the client sent it,
-/// which fails it with PostgreSQL's own error (08P01, `insufficient data left in message`,
-/// `invalid DESCRIBE message subtype 88`, ...) and skips the batch to its Sync, as it would
-/// without pgmemo. PostgreSQL reads the whole message before it looks at any name in it, and
+/// many bytes, a bad Describe or Close target, a Flush with a body): it goes to the server as
+/// the client sent it, which fails it with PostgreSQL's own error (08P01, `insufficient data
+/// left in message`, `invalid DESCRIBE message subtype 88`, ...) and skips the batch to its
+/// Sync, as it would without pgmemo. PostgreSQL reads the whole message before it looks at any name in it, and
 /// checks the same layout pgmemo's decoders check, so such a message never acts on the
 /// server. Other errors (a name that is not UTF-8) stay the caller's.
 #[cold]
@@ -395,6 +405,7 @@ fn malformed(
         frontend::tag::BIND => Expect::Bind,
         frontend::tag::EXECUTE => Expect::Execute,
         frontend::tag::CLOSE => Expect::Close,
+        // A Describe or a Flush: an entry that only the error answers.
         _ => Expect::DescribePortal,
     };
     link.queue.push_back(Entry::forward(expect));
@@ -498,17 +509,19 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
 }
 
 /// Sends the client's unnamed statement (`parse`) and records it as the one the client and
-/// this server now hold.
+/// this server now hold. `unreadable`: its text is not UTF-8 (see `UnnamedUndo::unreadable`).
 fn send_unnamed_parse(
     link: &mut Link<'_>,
     parse: Bytes,
     outcome: Option<Arc<Outcome>>,
-    plain: bool,
+    (plain, unreadable): (bool, bool),
     out: &mut BytesMut,
 ) {
+    let mut undo = link.unnamed_undo(true);
+    undo.unreadable = unreadable;
     out.extend_from_slice(&parse);
     let mut entry = Entry::forward(Expect::Parse);
-    entry.unnamed = Some(link.unnamed_undo(true));
+    entry.unnamed = Some(undo);
     // What planning the statement changed in the client's names (a `PREPARE`, `DEALLOCATE`
     // or `DISCARD ALL`) is undone should the server skip or refuse the Parse.
     if let Some(o) = &outcome {
@@ -746,7 +759,8 @@ fn parse(
             // statement runs: the unnamed statement is one that raises the error when it is
             // executed (its Parse, Bind and Describe succeed, as they would there).
             let parse = encode_parse("", &raise_sql(&e), &msg.param_types);
-            send_unnamed_parse(link, parse, Some(Arc::new(Outcome::raises())), false, out);
+            let raises = Some(Arc::new(Outcome::raises()));
+            send_unnamed_parse(link, parse, raises, (false, false), out);
             return Ok(false);
         }
         Plan::Refused(e) => {
@@ -766,11 +780,13 @@ fn parse(
     if !named {
         // A copy: a slice of the read buffer would pin it until the next Parse.
         let plain = !tracked;
+        // The text as the client sent it goes out, unless pgmemo rewrote it (in UTF-8).
+        let unreadable = sql.is_none() && text(&msg.query).is_err();
         let parse = match &sql {
             None => Bytes::copy_from_slice(frame.raw()),
             Some(sql) => encode_parse("", sql, &msg.param_types),
         };
-        send_unnamed_parse(link, parse, outcome, plain, out);
+        send_unnamed_parse(link, parse, outcome, (plain, unreadable), out);
         return Ok(false);
     }
     let final_sql = sql

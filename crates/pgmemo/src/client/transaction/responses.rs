@@ -228,7 +228,7 @@ fn on_message(
             } else {
                 None
             };
-            on_error(link);
+            on_error(link, unreadable_bytes(&frame[5..]));
             if let Some(from) = retry {
                 // The ReadyForQuery of the Sync (or of the Query) belongs to the failed
                 // attempt: swallowed.
@@ -333,6 +333,7 @@ fn on_plain_message(
                     UnnamedUndo {
                         client: Some(None),
                         server: None,
+                        unreadable: false,
                     },
                     true,
                 );
@@ -720,9 +721,18 @@ fn bound_statement(frame: &[u8]) -> Option<&str> {
     std::str::from_utf8(&rest[..end]).ok()
 }
 
+/// Whether an error is PostgreSQL's `invalid byte sequence` (22021), as reading a message
+/// whose text is not valid in the client's encoding raises it.
+fn unreadable_bytes(body: &[u8]) -> bool {
+    wire::ErrorResponse::parse(body)
+        .is_ok_and(|e| e.code == wire::sqlstate::CHARACTER_NOT_IN_REPERTOIRE)
+}
+
 /// An error ends the message it answers; in the extended protocol the server then skips
 /// everything up to Sync, so those entries are dropped (undoing what they assumed).
-fn on_error(link: &mut Link<'_>) {
+/// `unreadable`: the error is 22021, which a Parse of a text that is not UTF-8 gets before
+/// PostgreSQL acts on it (see `UnnamedUndo::unreadable`).
+fn on_error(link: &mut Link<'_>, unreadable: bool) {
     link.txn.failed = true;
     let Some(front) = link.queue.front_mut() else {
         return;
@@ -763,7 +773,8 @@ fn on_error(link: &mut Link<'_>) {
             link.revert(*revert);
         }
         if let Some(undo) = entry.unnamed {
-            link.undo_unnamed(*undo, i == 0);
+            let failed = i == 0 && !(unreadable && undo.unreadable);
+            link.undo_unnamed(*undo, failed);
         }
     }
 }
