@@ -212,6 +212,12 @@ async fn malformed_messages_fail_as_in_postgres() {
             ),
             (Who::B, vec![msg::query("SELECT 'B in between'")]),
             (Who::A, batch(vec![f(b'P', b"\0SELECT '\xff'\0\0\0")])),
+            // A Query with bytes after its text's terminator runs nothing (08P01).
+            (
+                Who::A,
+                vec![f(b'Q', b"SET application_name = 'never'\0\xff\0")],
+            ),
+            (Who::A, vec![msg::query("SHOW application_name")]),
             (
                 Who::A,
                 batch(vec![msg::bind("", "", &[Some("2")]), msg::execute("", 0)]),
@@ -220,7 +226,7 @@ async fn malformed_messages_fail_as_in_postgres() {
         let transcript = same_as_postgres(&steps).await;
         same_in_session_pooling(&transcript, &steps).await;
         let errors = transcript.iter().filter(|l| l.contains("08P01")).count();
-        assert_eq!(errors, 9, "{transcript:#?}");
+        assert_eq!(errors, 10, "{transcript:#?}");
         let errors = transcript.iter().filter(|l| l.contains("22021")).count();
         assert_eq!(errors, 7, "{transcript:#?}");
         assert!(
@@ -382,6 +388,103 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
             .count();
         assert!(refused >= batches / 2, "{transcript:#?}");
         drop_table(&t).await;
+    })
+    .await;
+}
+
+/// Damaged messages that carry statements changing session state (settings, SQL-level
+/// prepared statements, transaction blocks), simple or extended protocol, seeded: after each
+/// the client reads back its settings and statements, and the other client on the same
+/// server checks it sees none of them; every answer as from PostgreSQL.
+#[tokio::test]
+async fn randomly_damaged_session_statements_fail_as_in_postgres() {
+    within(TEST_DEADLINE, async {
+        let mut state = std::env::var("PGMEMO_FUZZ_SEED")
+            .map_or(0x2545_f491_4f6c_dd1du64, |s| s.parse().expect("a u64 seed"));
+        let batches: usize = std::env::var("PGMEMO_FUZZ_BATCHES")
+            .map_or(30, |s| s.parse().expect("a number of batches"));
+        let mut next = move |below: usize| {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % below.max(1)
+        };
+        let texts = [
+            "SET application_name = 'fz_one'",
+            "SET TimeZone = 'Asia/Tokyo'",
+            "RESET ALL",
+            "PREPARE q1 AS SELECT 1 AS one",
+            "DEALLOCATE q1",
+            "EXECUTE q1",
+            "BEGIN",
+            "COMMIT",
+            "SELECT set_config('application_name', 'fz_two', false)",
+            "SET LOCAL TimeZone = 'America/Lima'",
+        ];
+        let mut steps = Vec::new();
+        for _ in 0..batches {
+            let first = texts[next(texts.len())];
+            let second = texts[next(texts.len())];
+            let mut messages = match next(3) {
+                0 => vec![msg::query(&format!("{first}; {second}"))],
+                1 => vec![msg::query(first), msg::query(second)],
+                _ => {
+                    // Transaction pooling refuses SQL-level PREPARE, EXECUTE and DEALLOCATE
+                    // in a named statement (docs/transaction-pooling.md).
+                    let sql_level = ["PREPARE", "EXECUTE", "DEALLOCATE"]
+                        .iter()
+                        .any(|w| first.starts_with(w));
+                    let name = if sql_level { "" } else { ["", "s1"][next(2)] };
+                    vec![
+                        msg::parse(name, first, &[]),
+                        msg::bind("", name, &[]),
+                        msg::execute("", 0),
+                        msg::sync(),
+                        msg::parse("", second, &[]),
+                        msg::bind("", "", &[]),
+                        msg::execute("", 0),
+                        msg::close(b'S', name),
+                        msg::sync(),
+                    ]
+                }
+            };
+            let at = next(messages.len());
+            let victim = &mut messages[at];
+            let mut body = victim[5..].to_vec();
+            match next(4) {
+                0 if !body.is_empty() => body.truncate(next(body.len())),
+                1 => body.extend((0..=next(3)).map(|_| next(256) as u8)),
+                2 if !body.is_empty() => {
+                    let at = next(body.len());
+                    // Not 0xff: transaction pooling refuses a statement that may change
+                    // session state when it is not UTF-8 (documented).
+                    body[at] = [0, 1, b'X', b';'][next(4)];
+                }
+                _ if !body.is_empty() => {
+                    body.remove(next(body.len()));
+                }
+                _ => body.push(b'X'),
+            }
+            *victim = msg::frame(victim[0], &body);
+            if !messages.iter().any(|m| matches!(m[0], b'S' | b'Q')) {
+                messages.push(msg::sync());
+            }
+            steps.push((Who::A, messages));
+            steps.push((
+                Who::A,
+                vec![
+                    msg::query("SHOW application_name; SHOW TimeZone"),
+                    msg::query("EXECUTE q1"),
+                    msg::query("ROLLBACK"),
+                ],
+            ));
+            steps.push((
+                Who::B,
+                vec![msg::query("SHOW application_name; SHOW TimeZone")],
+            ));
+        }
+        let transcript = same_as_postgres(&steps).await;
+        same_in_session_pooling(&transcript, &steps).await;
     })
     .await;
 }
@@ -3597,4 +3700,131 @@ async fn a_sql_prepare_is_analysed_under_its_clients_search_path() {
     let missing = transcript.iter().filter(|l| l.contains("42P01")).count();
     assert_eq!(missing, 3, "{transcript:#?}");
     drop_table(&t).await;
+}
+
+/// `PREPARE`, `DEALLOCATE`, `DISCARD ALL` and `RESET ALL` sent as the unnamed statement take
+/// effect when they are executed, not when parsed: parsed alone, described, bound, or with
+/// an Execute the server refuses, they change nothing, and a statement pipelined behind them
+/// sees the names as they were. pgmemo once applied them to the client's statement names at
+/// the Parse (so that `EXECUTE q1` failed naming pgmemo's own statement, `pgmemo_1`).
+#[tokio::test]
+async fn sql_level_statements_parsed_but_not_executed_change_nothing() {
+    within(TEST_DEADLINE, async {
+        let unexecuted = |text: &str, tail: &[Vec<u8>]| {
+            let mut v = vec![msg::parse("", text, &[])];
+            v.extend_from_slice(tail);
+            v.push(msg::sync());
+            v
+        };
+        let check = vec![
+            msg::query("SHOW application_name"),
+            msg::query("EXECUTE q1"),
+            msg::query("EXECUTE q2"),
+        ];
+        let tails = [
+            vec![],
+            vec![msg::describe(b'S', "")],
+            vec![msg::bind("", "", &[])],
+            vec![msg::bind("", "", &[]), msg::frame(b'E', b"\0\0\0\0")],
+        ];
+        let mut steps = vec![(
+            Who::A,
+            vec![msg::query(
+                "SET application_name = 'kept'; PREPARE q1 AS SELECT 1 AS one",
+            )],
+        )];
+        for text in [
+            "PREPARE q2 AS SELECT 2 AS two",
+            "DEALLOCATE q1",
+            "DEALLOCATE ALL",
+            "DISCARD ALL",
+            "RESET ALL",
+        ] {
+            for tail in &tails {
+                steps.push((Who::A, unexecuted(text, tail)));
+                steps.push((Who::B, vec![msg::query("SELECT 'B in between'")]));
+                steps.push((Who::A, check.clone()));
+            }
+            // Pipelined: the batch behind sees the names as they were.
+            let mut pipelined = unexecuted(text, &[msg::bind("", "", &[])]);
+            pipelined.extend(unexecuted(
+                "EXECUTE q1",
+                &[msg::bind("", "", &[]), msg::execute("", 0)],
+            ));
+            steps.push((Who::A, pipelined));
+        }
+        // Pipelined behind a batch whose Bind fails: that batch's DEALLOCATE or PREPARE did
+        // not run, and the batch behind finds the names as they were.
+        let failing = |text: &str| {
+            unexecuted(
+                text,
+                &[msg::bind("", "", &[Some("1")]), msg::execute("", 0)],
+            )
+        };
+        let executed =
+            |text: &str| unexecuted(text, &[msg::bind("", "", &[]), msg::execute("", 0)]);
+        for (first, second) in [
+            ("DEALLOCATE q1", "PREPARE q1 AS SELECT 1 AS one"),
+            ("PREPARE q2 AS SELECT 2 AS two", "EXECUTE q2"),
+            ("DISCARD ALL", "EXECUTE q1"),
+        ] {
+            let mut pipelined = failing(first);
+            pipelined.extend(executed(second));
+            steps.push((Who::A, pipelined));
+            steps.push((Who::A, check.clone()));
+        }
+        // Executed, each takes effect.
+        steps.push((
+            Who::A,
+            unexecuted(
+                "DEALLOCATE q1",
+                &[msg::bind("", "", &[]), msg::execute("", 0)],
+            ),
+        ));
+        steps.push((Who::A, check.clone()));
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript.iter().any(|l| l.ends_with("DataRow [1]")),
+            "{transcript:#?}"
+        );
+        same_in_session_pooling(&transcript, &steps).await;
+    })
+    .await;
+}
+
+/// Executing such an unnamed statement in a later batch than the one that parsed it is
+/// refused in transaction pooling (a documented difference: PostgreSQL runs it then), and
+/// the session goes on with its names as they were.
+#[tokio::test]
+async fn a_sql_level_statement_executed_after_its_batch_is_refused() {
+    within(TEST_DEADLINE, async {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let steps = vec![
+            (Who::A, vec![msg::query("PREPARE q1 AS SELECT 1 AS one")]),
+            (
+                Who::A,
+                vec![
+                    msg::parse("", "DEALLOCATE q1", &[]),
+                    msg::bind("", "", &[]),
+                    msg::sync(),
+                ],
+            ),
+            (
+                Who::A,
+                vec![msg::bind("", "", &[]), msg::execute("", 0), msg::sync()],
+            ),
+            (Who::A, vec![msg::query("EXECUTE q1")]),
+        ];
+        let transcript = run_script(pgmemo.port(), &steps).await;
+        let refused = transcript.iter().any(|l| {
+            l.starts_with(" 2 A| Error ERROR 0A000") && l.contains("batch that parses it")
+        });
+        assert!(refused, "{transcript:#?}");
+        assert!(
+            transcript.iter().any(|l| l == " 3 A| DataRow [1]"),
+            "{transcript:#?}"
+        );
+        pgmemo.shutdown().await;
+    })
+    .await;
 }

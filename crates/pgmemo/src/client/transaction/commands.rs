@@ -778,6 +778,17 @@ pub fn not_utf8() -> ErrorResponse {
     )
 }
 
+/// The refusal of an execution of a `PREPARE`, `DEALLOCATE` or `DISCARD ALL` parsed as the
+/// unnamed statement in an earlier batch than the one executing it: pgmemo withdrew what it
+/// would change at that batch's Sync, and cannot tell on which server it would now run.
+pub fn run_late() -> ErrorResponse {
+    unsupported(
+        "in transaction pooling, a PREPARE, DEALLOCATE or DISCARD ALL sent as an unnamed \
+         protocol-level statement must be executed in the batch that parses it",
+        "Send the statement as a simple query, or parse, bind and execute it before one Sync.",
+    )
+}
+
 /// The refusal of a `search_path` naming `pg_temp` (by `SET` or at login).
 pub fn temp_search_path() -> ErrorResponse {
     unsupported(

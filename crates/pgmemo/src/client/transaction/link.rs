@@ -64,6 +64,15 @@ pub struct ClientState {
     pub verify: Vec<String>,
     /// From the last ReadyForQuery the client received.
     pub status: TransactionStatus,
+    /// Outcomes of the client's unnamed Parses of `PREPARE`, `DEALLOCATE` or `DISCARD ALL`
+    /// not executed yet: planning applied them to the client's names at the Parse (so the
+    /// statements after it in a pipeline see them), but PostgreSQL applies them only when the
+    /// statement runs. Those the batch does not execute are withdrawn at its Sync
+    /// ([`Link::withdraw_unrun`]).
+    pub unrun: Vec<Arc<Outcome>>,
+    /// Withdrawn outcomes that the client could still execute (its unnamed statement, a
+    /// portal of it): such an execution is refused (`commands::run_late`).
+    pub withdrawn: Vec<Arc<Outcome>>,
 }
 
 /// Drops from a per-statement record (`ClientState::described`, `row_shapes`) the statements
@@ -182,6 +191,9 @@ pub struct UnnamedUndo {
     /// PostgreSQL reads the message, before it drops the unnamed statement it had, so that
     /// error puts back what was (any other failure leaves none).
     pub unreadable: bool,
+    /// What planning the Parse changed in the client's names (`ClientState::unrun`): undone
+    /// should the server skip or refuse the Parse, unless the Sync withdrew it already.
+    pub unrun: Option<Arc<Outcome>>,
 }
 
 /// One answer (or group of answers) owed to the client.
@@ -406,6 +418,46 @@ impl Link<'_> {
         }
     }
 
+    /// Withdraws what the client's unnamed Parses of `PREPARE`, `DEALLOCATE` or `DISCARD ALL`
+    /// applied to its names when nothing executed them before the batch's Sync (or a simple
+    /// Query, which drops the unnamed statement): PostgreSQL never ran them. Called at every
+    /// Sync and Query; nearly always nothing to do.
+    #[inline]
+    pub fn withdraw_unrun(&mut self) {
+        if !self.client.unrun.is_empty() || !self.client.withdrawn.is_empty() {
+            self.withdraw_unrun_now();
+        }
+    }
+
+    #[cold]
+    fn withdraw_unrun_now(&mut self) {
+        let unrun = std::mem::take(&mut self.client.unrun);
+        for outcome in unrun.iter().rev() {
+            self.revert_outcomes(std::slice::from_ref(&**outcome));
+        }
+        self.client.withdrawn.extend(unrun);
+        let unnamed = self.client.unnamed.as_ref().and_then(|u| u.outcome.clone());
+        let portals = &*self.portals;
+        self.client.withdrawn.retain(|w| {
+            unnamed.as_ref().is_some_and(|u| Arc::ptr_eq(u, w))
+                || portals.values().any(|p| Arc::ptr_eq(p, w))
+        });
+    }
+
+    /// The server skipped or refused the client's Parse whose planning applied `outcome`:
+    /// undone, unless withdrawn already (or executed, whose entry then undoes it).
+    pub fn revert_unrun(&mut self, outcome: &Arc<Outcome>) {
+        if let Some(at) = self
+            .client
+            .unrun
+            .iter()
+            .position(|u| Arc::ptr_eq(u, outcome))
+        {
+            self.client.unrun.remove(at);
+            self.revert_outcomes(std::slice::from_ref(&**outcome));
+        }
+    }
+
     /// Undoes the effects of statements `from..` of an entry that did not run, last first
     /// (`DEALLOCATE p; PREPARE p AS ...` is undone back to the first `p`). The first of them
     /// is the one that failed, which may have changed settings pgmemo cannot follow before
@@ -482,6 +534,7 @@ impl Link<'_> {
             client: client.then(|| self.client.unnamed.clone()),
             server: self.server.unnamed,
             unreadable: false,
+            unrun: None,
         })
     }
 

@@ -101,6 +101,8 @@ pub fn client_state(
         parses: 0,
         settings: ClientSettings::from_startup(&settings),
         verify: Vec::new(),
+        unrun: Vec::new(),
+        withdrawn: Vec::new(),
         status: TransactionStatus::Idle,
     })
 }

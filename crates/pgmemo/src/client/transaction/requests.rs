@@ -16,8 +16,8 @@ use wire::{ErrorResponse, Frame, WireError};
 
 use super::cache::{Pipelined, TxnCache};
 use super::commands::{
-    duplicate, ensure_on, missing, not_utf8, raise_sql, Effect, Outcome, Plan, Planner, Protocol,
-    ServerPrep,
+    duplicate, ensure_on, missing, not_utf8, raise_sql, run_late, Effect, Outcome, Plan, Planner,
+    Protocol, ServerPrep,
 };
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use super::shape;
@@ -56,6 +56,9 @@ pub fn translate(
     }
     match tag {
         frontend::tag::QUERY => {
+            // The Query drops the unnamed statement and portal: what they would have run
+            // never runs.
+            link.withdraw_unrun();
             if let Some(answer) = hit_in_block(&frame, link) {
                 link.queue.push_back(Entry::local(answer));
                 return Ok(true);
@@ -155,6 +158,19 @@ pub fn translate(
                     None => None,
                 };
                 if let Some(outcome) = outcome {
+                    if !link.client.withdrawn.is_empty() || !link.client.unrun.is_empty() {
+                        if link
+                            .client
+                            .withdrawn
+                            .iter()
+                            .any(|w| Arc::ptr_eq(w, &outcome))
+                        {
+                            emit_refusal(&run_late(), link, out);
+                            return Ok(false);
+                        }
+                        // Executed: its entry undoes it should the server skip or refuse it.
+                        link.client.unrun.retain(|u| !Arc::ptr_eq(u, &outcome));
+                    }
                     if let Effect::Prepared {
                         statement,
                         client_name,
@@ -195,6 +211,7 @@ pub fn translate(
             close(&frame, link, out).or_else(|e| malformed(e, &frame, link, out))
         }
         frontend::tag::SYNC => {
+            link.withdraw_unrun();
             out.extend_from_slice(frame.raw());
             // In copy-in mode the server ignores Sync (libpq and tokio-postgres send one right
             // after the COPY's Execute): no ReadyForQuery will answer it.
@@ -258,14 +275,20 @@ pub fn translate(
 /// server, in a pipeline). One behind a name given by a Parse the server runs goes to the
 /// server, which reports a skipped Parse's statement missing itself, so that drivers that
 /// pipeline a new statement's Parse and its executions in separate batches keep their
-/// pipeline.
+/// pipeline. SQL text (a Query, an unnamed Parse) waits behind SQL-level name changes
+/// (`sql_names_in_flight`).
 #[inline]
 pub fn must_wait(buf: &[u8], link: &Link<'_>) -> bool {
     if link.queue.is_empty() && !link.plain_parse {
         return false;
     }
     match buf.first() {
-        Some(&(frontend::tag::PARSE | frontend::tag::CLOSE | frontend::tag::BIND)) => {}
+        Some(
+            &(frontend::tag::PARSE
+            | frontend::tag::CLOSE
+            | frontend::tag::BIND
+            | frontend::tag::QUERY),
+        ) => {}
         Some(&frontend::tag::DESCRIBE) if buf.get(5) == Some(&b'S') => {}
         _ => return false,
     }
@@ -281,6 +304,13 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
         return false;
     };
     let cstr = |b: &[u8]| b.iter().position(|&c| c == 0).map(|end| b[..end].to_vec());
+    if header.tag == frontend::tag::QUERY
+        || (header.tag == frontend::tag::PARSE && body.first() == Some(&0))
+    {
+        // SQL text, which may name the client's statements (`EXECUTE q1`, `PREPARE q1`):
+        // planned once no earlier batch can still give or take away a name.
+        return sql_names_in_flight(link);
+    }
     let (name, given_counts) = match header.tag {
         frontend::tag::PARSE => (cstr(body), true),
         frontend::tag::CLOSE if body.first() == Some(&b'S') => (cstr(&body[1..]), true),
@@ -296,16 +326,7 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
     let Some(name) = name else {
         return false;
     };
-    // Entries up to the last Sync belong to earlier batches; those after it to the batch this
-    // message is part of, whose earlier error would make the server skip it as well.
-    let earlier = if link.mid_batch {
-        link.queue
-            .iter()
-            .rposition(|e| e.expect == Expect::Sync)
-            .map_or(0, |i| i + 1)
-    } else {
-        link.queue.len()
-    };
+    let earlier = earlier_batches(link);
     if name.is_empty() {
         return header.tag != frontend::tag::PARSE && unnamed_undecided(link, earlier);
     }
@@ -345,6 +366,38 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
                 Effect::Deallocated(names) => names.iter().any(|(n, _)| n == name),
                 Effect::Discarded { .. } => true,
                 _ => false,
+            })
+    })
+}
+
+/// How many queue entries belong to earlier batches: those up to the last Sync; the ones
+/// after it belong to the batch the client's next message is part of, whose earlier error
+/// would make the server skip that message as well.
+fn earlier_batches(link: &Link<'_>) -> usize {
+    if link.mid_batch {
+        link.queue
+            .iter()
+            .rposition(|e| e.expect == Expect::Sync)
+            .map_or(0, |i| i + 1)
+    } else {
+        link.queue.len()
+    }
+}
+
+/// Whether an earlier batch, still unanswered, planned a `PREPARE`, `DEALLOCATE` or `DISCARD
+/// ALL` of SQL text: should the server skip or refuse it (an error before it in its batch),
+/// the client's names are not what planning assumed, and a statement pipelined behind that
+/// names one must be planned with the names as PostgreSQL will have them. Rare (such
+/// statements are seldom pipelined), so such a statement simply waits for those answers.
+#[cold]
+fn sql_names_in_flight(link: &Link<'_>) -> bool {
+    link.queue.iter().take(earlier_batches(link)).any(|entry| {
+        entry.unnamed.as_ref().is_some_and(|u| u.unrun.is_some())
+            || entry.outcomes.iter().any(|o| {
+                matches!(
+                    o.effect,
+                    Effect::Prepared { .. } | Effect::Deallocated(_) | Effect::Discarded { .. }
+                )
             })
     })
 }
@@ -519,19 +572,21 @@ fn send_unnamed_parse(
 ) {
     let mut undo = link.unnamed_undo(true);
     undo.unreadable = unreadable;
-    out.extend_from_slice(&parse);
-    let mut entry = Entry::forward(Expect::Parse);
-    entry.unnamed = Some(undo);
     // What planning the statement changed in the client's names (a `PREPARE`, `DEALLOCATE`
-    // or `DISCARD ALL`) is undone should the server skip or refuse the Parse.
+    // or `DISCARD ALL`) is undone should the server skip or refuse the Parse, or should
+    // nothing execute it (`Link::withdraw_unrun`).
     if let Some(o) = &outcome {
         if matches!(
             o.effect,
             Effect::Prepared { .. } | Effect::Deallocated(_) | Effect::Discarded { .. }
         ) {
-            entry.outcomes.push(Outcome::clone(o));
+            link.client.unrun.push(Arc::clone(o));
+            undo.unrun = Some(Arc::clone(o));
         }
     }
+    out.extend_from_slice(&parse);
+    let mut entry = Entry::forward(Expect::Parse);
+    entry.unnamed = Some(undo);
     link.unnamed_parsed(Some(Unnamed {
         seq: 0,
         parse,
@@ -645,7 +700,12 @@ fn query(
 ) -> Result<(), WireError> {
     sync_settings(link, out);
     link.query_sent();
-    let text = frame.body().strip_suffix(b"\0");
+    // A text with bytes after its terminator is malformed: PostgreSQL refuses the message
+    // (08P01) before it runs any of it.
+    let text = frame
+        .body()
+        .strip_suffix(b"\0")
+        .filter(|text| !text.contains(&0));
     let plan = match text {
         Some(text) => planner(link, registry).plan(text, Protocol::Simple),
         None => Plan::Plain,

@@ -334,6 +334,7 @@ fn on_plain_message(
                         client: Some(None),
                         server: None,
                         unreadable: false,
+                        unrun: None,
                     },
                     true,
                 );
@@ -773,6 +774,9 @@ fn on_error(link: &mut Link<'_>, unreadable: bool) {
             link.revert(*revert);
         }
         if let Some(undo) = entry.unnamed {
+            if let Some(outcome) = &undo.unrun {
+                link.revert_unrun(outcome);
+            }
             let failed = i == 0 && !(unreadable && undo.unreadable);
             link.undo_unnamed(*undo, failed);
         }
