@@ -395,7 +395,9 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
 /// Damaged messages that carry statements changing session state (settings, SQL-level
 /// prepared statements, transaction blocks), simple or extended protocol, seeded: after each
 /// the client reads back its settings and statements, and the other client on the same
-/// server checks it sees none of them; every answer as from PostgreSQL.
+/// server checks it sees none of them; every answer as from PostgreSQL. `PGMEMO_FUZZ_SEED`
+/// and `PGMEMO_FUZZ_BATCHES` run other batches; `PGMEMO_FUZZ_PRINT` prints what each step
+/// sends.
 #[tokio::test]
 async fn randomly_damaged_session_statements_fail_as_in_postgres() {
     within(TEST_DEADLINE, async {
@@ -420,6 +422,14 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
             "COMMIT",
             "SELECT set_config('application_name', 'fz_two', false)",
             "SET LOCAL TimeZone = 'America/Lima'",
+            "SAVEPOINT sp",
+            "ROLLBACK TO sp",
+            "RELEASE sp",
+            "DISCARD ALL",
+            "DEALLOCATE ALL",
+            "RESET TimeZone",
+            "SET search_path = pg_catalog, public",
+            "ROLLBACK",
         ];
         let mut steps = Vec::new();
         for _ in 0..batches {
@@ -431,7 +441,7 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
                 _ => {
                     // Transaction pooling refuses SQL-level PREPARE, EXECUTE and DEALLOCATE
                     // in a named statement (docs/transaction-pooling.md).
-                    let sql_level = ["PREPARE", "EXECUTE", "DEALLOCATE"]
+                    let sql_level = ["PREPARE", "EXECUTE", "DEALLOCATE", "DISCARD"]
                         .iter()
                         .any(|w| first.starts_with(w));
                     let name = if sql_level { "" } else { ["", "s1"][next(2)] };
@@ -469,11 +479,18 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
             if !messages.iter().any(|m| matches!(m[0], b'S' | b'Q')) {
                 messages.push(msg::sync());
             }
+            if std::env::var_os("PGMEMO_FUZZ_PRINT").is_some() {
+                let shown: Vec<_> = messages
+                    .iter()
+                    .map(|m| String::from_utf8_lossy(m))
+                    .collect();
+                eprintln!("step {}: {shown:?}", steps.len());
+            }
             steps.push((Who::A, messages));
             steps.push((
                 Who::A,
                 vec![
-                    msg::query("SHOW application_name; SHOW TimeZone"),
+                    msg::query("SHOW application_name; SHOW TimeZone; SHOW search_path"),
                     msg::query("EXECUTE q1"),
                     msg::query("ROLLBACK"),
                 ],
@@ -3785,6 +3802,61 @@ async fn sql_level_statements_parsed_but_not_executed_change_nothing() {
         let transcript = same_as_postgres(&steps).await;
         assert!(
             transcript.iter().any(|l| l.ends_with("DataRow [1]")),
+            "{transcript:#?}"
+        );
+        same_in_session_pooling(&transcript, &steps).await;
+    })
+    .await;
+}
+
+/// A `DISCARD ALL` sent in the extended protocol: PostgreSQL refuses it after another
+/// statement of its batch (25001, the batch rolled back), and commits as soon as it completes
+/// otherwise, so its reset stays when a later message of the batch fails, while the `SET`s
+/// after it are rolled back with the rest.
+#[tokio::test]
+async fn discard_all_in_a_batch_runs_and_commits_as_in_postgres() {
+    within(TEST_DEADLINE, async {
+        let run = |text: &str| {
+            vec![
+                msg::parse("", text, &[]),
+                msg::bind("", "", &[]),
+                msg::execute("", 0),
+            ]
+        };
+        let show = vec![msg::query("SHOW application_name; SHOW DateStyle")];
+        let batch = |texts: &[&str], end: &[Vec<u8>]| {
+            let mut v: Vec<Vec<u8>> = texts.iter().flat_map(|t| run(t)).collect();
+            v.extend_from_slice(end);
+            v
+        };
+        let steps = vec![
+            (Who::A, vec![msg::query("SET application_name = 'before'")]),
+            (
+                Who::A,
+                batch(&["SET DateStyle = 'German'", "DISCARD ALL"], &[msg::sync()]),
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (Who::A, show.clone()),
+            (
+                Who::A,
+                batch(
+                    &[
+                        "DISCARD ALL",
+                        "SET DateStyle = 'German'",
+                        "SET application_name = 'rolled_back'",
+                    ],
+                    &[msg::frame(b'S', b"x")],
+                ),
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (Who::A, show.clone()),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        let refused = transcript.iter().filter(|l| l.contains("25001")).count();
+        assert_eq!(refused, 1, "{transcript:#?}");
+        assert!(
+            transcript.iter().any(|l| l == " 3 A| DataRow [before]")
+                && transcript.iter().any(|l| l == " 6 A| DataRow []"),
             "{transcript:#?}"
         );
         same_in_session_pooling(&transcript, &steps).await;

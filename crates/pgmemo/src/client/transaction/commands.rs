@@ -778,6 +778,16 @@ pub fn not_utf8() -> ErrorResponse {
     )
 }
 
+/// PostgreSQL's refusal of a `DISCARD ALL` executed after another statement of the same
+/// extended-protocol batch (before its Sync): it must commit at once, which would commit the
+/// statements before it too.
+pub fn discard_in_pipeline() -> ErrorResponse {
+    ErrorResponse::error(
+        ACTIVE_SQL_TRANSACTION,
+        "DISCARD ALL cannot be executed within a pipeline",
+    )
+}
+
 /// The refusal of an execution of a `PREPARE`, `DEALLOCATE` or `DISCARD ALL` parsed as the
 /// unnamed statement in an earlier batch than the one executing it: pgmemo withdrew what it
 /// would change at that batch's Sync, and cannot tell on which server it would now run.

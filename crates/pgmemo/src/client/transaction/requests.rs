@@ -16,8 +16,8 @@ use wire::{ErrorResponse, Frame, WireError};
 
 use super::cache::{Pipelined, TxnCache};
 use super::commands::{
-    duplicate, ensure_on, missing, not_utf8, raise_sql, run_late, Effect, Outcome, Plan, Planner,
-    Protocol, ServerPrep,
+    discard_in_pipeline, duplicate, ensure_on, missing, not_utf8, raise_sql, run_late, Effect,
+    Outcome, Plan, Planner, Protocol, ServerPrep,
 };
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use super::shape;
@@ -158,18 +158,8 @@ pub fn translate(
                     None => None,
                 };
                 if let Some(outcome) = outcome {
-                    if !link.client.withdrawn.is_empty() || !link.client.unrun.is_empty() {
-                        if link
-                            .client
-                            .withdrawn
-                            .iter()
-                            .any(|w| Arc::ptr_eq(w, &outcome))
-                        {
-                            emit_refusal(&run_late(), link, out);
-                            return Ok(false);
-                        }
-                        // Executed: its entry undoes it should the server skip or refuse it.
-                        link.client.unrun.retain(|u| !Arc::ptr_eq(u, &outcome));
+                    if !names_change_runs(&outcome, link, out) {
+                        return Ok(false);
                     }
                     if let Effect::Prepared {
                         statement,
@@ -262,6 +252,37 @@ pub fn translate(
             Ok(false)
         }
     }
+}
+
+/// Whether an Execute of a portal whose statement changes the client's statement names
+/// (`ClientState::unrun`) may run: not one withdrawn at an earlier batch's Sync (refused,
+/// `run_late`), nor a `DISCARD ALL` after another Execute of its batch, which PostgreSQL
+/// refuses (25001) once a statement of the implicit transaction completed. Otherwise the
+/// Execute's entry takes over undoing it should the server skip or refuse it.
+fn names_change_runs(outcome: &Arc<Outcome>, link: &mut Link<'_>, out: &mut BytesMut) -> bool {
+    if link.client.withdrawn.is_empty() && link.client.unrun.is_empty() {
+        return true;
+    }
+    if link
+        .client
+        .withdrawn
+        .iter()
+        .any(|w| Arc::ptr_eq(w, outcome))
+    {
+        emit_refusal(&run_late(), link, out);
+        return false;
+    }
+    if matches!(outcome.effect, Effect::Discarded { .. })
+        && link
+            .batch
+            .executed_before(link.batch.len().saturating_sub(1))
+    {
+        // Left in `unrun`: the Sync gives back what its planning took.
+        emit_raise(&discard_in_pipeline(), link, out);
+        return false;
+    }
+    link.client.unrun.retain(|u| !Arc::ptr_eq(u, outcome));
+    true
 }
 
 /// Whether the message at the front of `buf` must wait for the answers to the batches

@@ -548,12 +548,21 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
     }
     let outcome = outcome?;
     match outcome.effect {
-        Effect::Setting(change) | Effect::Discarded { reset: change, .. } => {
+        Effect::Setting(change) => {
             link.txn.explained.add(match &change.change {
                 SettingChange::Set(name, _) | SettingChange::Reset(name) => Some(name),
                 SettingChange::ResetAll => None,
             });
             link.txn.pending.push(change)
+        }
+        Effect::Discarded { reset, .. } => {
+            // PostgreSQL commits as soon as DISCARD ALL completes (it cannot run inside a
+            // transaction block): its reset, and what ran before it, stay even when the
+            // rest of an extended-protocol batch then fails.
+            link.txn.explained.add(None);
+            link.txn.pending.push(reset);
+            on_ready(link, TransactionStatus::Idle);
+            link.txn.explained.add(None);
         }
         Effect::Settings(changes) => {
             link.txn.explained.add(None);
