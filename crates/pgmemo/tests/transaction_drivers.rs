@@ -382,6 +382,7 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
         }
         let transcript = same_as_postgres(&steps).await;
         same_in_session_pooling(&transcript, &steps).await;
+        same_through_evicting(&transcript, &steps).await;
         let refused = transcript
             .iter()
             .filter(|l| l.contains("08P01") || l.contains("22021"))
@@ -435,9 +436,29 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
         for _ in 0..batches {
             let first = texts[next(texts.len())];
             let second = texts[next(texts.len())];
-            let mut messages = match next(3) {
+            let mut messages = match next(5) {
                 0 => vec![msg::query(&format!("{first}; {second}"))],
                 1 => vec![msg::query(first), msg::query(second)],
+                // In a block, through a named portal and the unnamed one.
+                2 => vec![
+                    msg::query("BEGIN"),
+                    msg::parse("", first, &[]),
+                    msg::bind("p1", "", &[]),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                    msg::parse("", second, &[]),
+                    msg::bind("", "", &[]),
+                    msg::describe(b'P', ""),
+                    msg::execute("", 0),
+                    msg::close(b'P', "p1"),
+                    msg::sync(),
+                    msg::query("COMMIT"),
+                ],
+                // set_config (OID 2078) called by OID, and a statement.
+                3 => vec![
+                    msg::function_call(2078, &["application_name", "fz_three", "false"]),
+                    msg::query(first),
+                ],
                 _ => {
                     // Transaction pooling refuses SQL-level PREPARE, EXECUTE and DEALLOCATE
                     // in a named statement (docs/transaction-pooling.md).
@@ -502,6 +523,7 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
         }
         let transcript = same_as_postgres(&steps).await;
         same_in_session_pooling(&transcript, &steps).await;
+        same_through_evicting(&transcript, &steps).await;
     })
     .await;
 }
@@ -3810,9 +3832,9 @@ async fn sql_level_statements_parsed_but_not_executed_change_nothing() {
 }
 
 /// A `DISCARD ALL` sent in the extended protocol: PostgreSQL refuses it after another
-/// statement of its batch (25001, the batch rolled back), and commits as soon as it completes
-/// otherwise, so its reset stays when a later message of the batch fails, while the `SET`s
-/// after it are rolled back with the rest.
+/// statement of its batch or pipelined behind a `BEGIN` (25001, the batch rolled back), and
+/// commits as soon as it completes otherwise, so its reset stays when a later message of the
+/// batch fails, while the `SET`s after it are rolled back with the rest.
 #[tokio::test]
 async fn discard_all_in_a_batch_runs_and_commits_as_in_postgres() {
     within(TEST_DEADLINE, async {
@@ -3850,16 +3872,92 @@ async fn discard_all_in_a_batch_runs_and_commits_as_in_postgres() {
             ),
             (Who::B, vec![msg::query("SELECT 'B in between'")]),
             (Who::A, show.clone()),
+            // Pipelined behind a BEGIN: inside the block, refused.
+            (
+                Who::A,
+                [
+                    vec![msg::query("BEGIN")],
+                    batch(&["DISCARD ALL"], &[msg::sync()]),
+                    vec![msg::query("ROLLBACK")],
+                ]
+                .concat(),
+            ),
         ];
         let transcript = same_as_postgres(&steps).await;
         let refused = transcript.iter().filter(|l| l.contains("25001")).count();
-        assert_eq!(refused, 1, "{transcript:#?}");
+        assert_eq!(refused, 2, "{transcript:#?}");
         assert!(
             transcript.iter().any(|l| l == " 3 A| DataRow [before]")
                 && transcript.iter().any(|l| l == " 6 A| DataRow []"),
             "{transcript:#?}"
         );
         same_in_session_pooling(&transcript, &steps).await;
+    })
+    .await;
+}
+
+/// An `EXECUTE` after a `SET search_path` in the same Query reads its statement's tables as
+/// PostgreSQL does, parsing it again under that path, also when pgmemo must prepare the
+/// statement again on a server that lost it (differential seed 13196): pgmemo prepares it
+/// under the settings the `EXECUTE` runs under, not those in force before the Query (under
+/// which the table was not found).
+#[tokio::test]
+async fn an_execute_after_a_search_path_change_in_its_query_reads_the_new_path() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("path_reread", "(k int, v text)").await;
+        let tenant = format!("{t}_s");
+        LocalPostgres
+            .client(USER, DB)
+            .await
+            .batch_execute(&format!(
+                "CREATE SCHEMA {tenant}; CREATE TABLE {tenant}.{t} (k int, v text); \
+                 INSERT INTO {t} VALUES (2, 'public'); \
+                 INSERT INTO {tenant}.{t} VALUES (2, 'tenant')"
+            ))
+            .await
+            .unwrap();
+        let steps = vec![
+            (
+                Who::A,
+                vec![msg::query(&format!(
+                    "PREPARE q1 AS SELECT v FROM {t} WHERE k = 2"
+                ))],
+            ),
+            (Who::A, vec![msg::query("SET search_path = pg_catalog")]),
+            // Another statement: the server that holds one at a time drops q1's.
+            (
+                Who::A,
+                vec![msg::query("PREPARE q2 AS SELECT 1 AS one; EXECUTE q2")],
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (
+                Who::A,
+                vec![msg::query(&format!(
+                    "SET search_path = {tenant}, public; EXECUTE q1"
+                ))],
+            ),
+            (Who::A, vec![msg::query("EXECUTE q2")]),
+            (Who::A, vec![msg::query("RESET search_path; EXECUTE q1")]),
+            (Who::A, vec![msg::query("EXECUTE q2")]),
+            (
+                Who::A,
+                vec![msg::query("SET search_path = pg_catalog; EXECUTE q1")],
+            ),
+        ];
+        let direct = same_as_postgres(&steps).await;
+        assert!(
+            direct.iter().any(|l| l == " 4 A| DataRow [tenant]")
+                && direct.iter().any(|l| l == " 6 A| DataRow [public]"),
+            "{direct:#?}"
+        );
+        same_through_evicting(&direct, &steps).await;
+        LocalPostgres
+            .client(USER, DB)
+            .await
+            .batch_execute(&format!("DROP SCHEMA {tenant} CASCADE"))
+            .await
+            .unwrap();
+        drop_table(&t).await;
     })
     .await;
 }

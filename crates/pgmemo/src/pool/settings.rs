@@ -80,6 +80,14 @@ impl ClientSettings {
         self.version
     }
 
+    /// These settings after `change`, uncommitted: what a statement later in the same Query
+    /// runs under.
+    pub fn after(&self, change: &SettingChange) -> ClientSettings {
+        let mut next = self.clone();
+        next.apply(change);
+        next
+    }
+
     /// The value (as SQL) the client's session has for `name`, if it set one.
     pub fn effective(&self, name: &str) -> Option<&String> {
         self.overrides.get(name).or_else(|| self.startup.get(name))
@@ -309,24 +317,33 @@ pub fn lexes_as_default(parse_digest: &str) -> bool {
 /// reads a statement's literals (`'2024-01-01'::timestamptz`) when it prepares it and keeps
 /// that reading after a later `SET`, so the server must read them as the first one did.
 ///
-/// `None` when nothing differs, or when the `search_path` does: PostgreSQL then parses the
-/// statement again at its next execution, under every setting in force, which is what
-/// preparing it under the client's current settings gives. Also `None` for a value that
-/// would end the block early (it then reads under the current settings, as before).
-pub fn analysis_switch(prepared_under: &str, client: &ClientSettings) -> Option<(String, String)> {
-    if prepared_under == &*client.parse_digest || prepared_under == UNKNOWN_PARSE_SETTINGS {
+/// `at_use` are the settings the statement will run under (those of `client` unless the
+/// Query that executes it changes them before): when their `search_path` is not the one it
+/// was prepared under, PostgreSQL parses the statement again at that execution, under every
+/// setting then in force, so it is prepared under `at_use` instead.
+///
+/// `None` when nothing differs from `client` (the server's settings now). Also `None` for a
+/// value that would end the block early (it then reads under the current settings).
+pub fn analysis_switch(
+    prepared_under: &str,
+    at_use: &ClientSettings,
+    client: &ClientSettings,
+) -> Option<(String, String)> {
+    if prepared_under == UNKNOWN_PARSE_SETTINGS {
         return None;
     }
     let then = digest_entries(prepared_under)?;
     let was = |name: &str| then.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
-    if was("search_path") != client.effective("search_path").map(String::as_str) {
-        return None;
-    }
+    let reparsed = was("search_path") != at_use.effective("search_path").map(String::as_str);
+    let target = |name: &str| match reparsed {
+        true => at_use.effective(name).map(String::as_str),
+        false => was(name),
+    };
     let (mut to, mut back) = (String::new(), String::new());
-    for name in PARSE_SETTINGS.iter().filter(|n| **n != "search_path") {
-        let (old, now) = (was(name), client.effective(name).map(String::as_str));
-        if old != now {
-            to.push_str(&in_block(name, old));
+    for name in PARSE_SETTINGS {
+        let (then, now) = (target(name), client.effective(name).map(String::as_str));
+        if then != now {
+            to.push_str(&in_block(name, then));
             back.push_str(&in_block(name, now));
         }
     }
@@ -499,7 +516,7 @@ mod tests {
         let mut a = ClientSettings::from_startup(&[("datestyle".into(), "ISO".into())]);
         let mut server = ServerSettings::default();
         let first = a.parse_digest().clone();
-        assert_eq!(analysis_switch(&first, &a), None);
+        assert_eq!(analysis_switch(&first, &a, &a), None);
         commit(
             &[
                 set("timezone", "SET timezone TO 'UTC'"),
@@ -509,7 +526,7 @@ mod tests {
             &mut server,
         );
         assert_eq!(
-            analysis_switch(&first, &a),
+            analysis_switch(&first, &a, &a),
             Some((
                 "DO $pgmemo$BEGIN RESET timezone; END$pgmemo$".into(),
                 "DO $pgmemo$BEGIN SET timezone TO 'UTC'; END$pgmemo$".into()
@@ -522,7 +539,7 @@ mod tests {
             &mut server,
         );
         assert_eq!(
-            analysis_switch(&utc, &a),
+            analysis_switch(&utc, &a, &a),
             Some((
                 "DO $pgmemo$BEGIN PERFORM pg_catalog.set_config('datestyle', 'ISO', false); \
                  END$pgmemo$"
@@ -536,9 +553,34 @@ mod tests {
             &mut a,
             &mut server,
         );
-        assert_eq!(analysis_switch(&utc, &a), None);
-        assert_eq!(analysis_switch("garbage", &a), None);
-        assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, &a), None);
+        assert_eq!(analysis_switch(&utc, &a, &a), None);
+        assert_eq!(analysis_switch("garbage", &a, &a), None);
+        // A `SET search_path` earlier in the Query that executes it: parsed again under the
+        // settings then, the path from the Query.
+        let later = a.after(&SettingChange::Set(
+            "search_path".into(),
+            "SET search_path TO tenant".into(),
+        ));
+        assert_eq!(
+            analysis_switch(&utc, &later, &a),
+            Some((
+                "DO $pgmemo$BEGIN SET search_path TO tenant; END$pgmemo$".into(),
+                "DO $pgmemo$BEGIN SET search_path TO other; END$pgmemo$".into()
+            ))
+        );
+        // Back to the path it was prepared under: its first reading, TimeZone and all.
+        let back = a.after(&SettingChange::Reset("search_path".into()));
+        assert_eq!(
+            analysis_switch(&utc, &back, &a),
+            Some((
+                "DO $pgmemo$BEGIN PERFORM pg_catalog.set_config('datestyle', 'ISO', false);\
+                 RESET search_path; END$pgmemo$"
+                    .into(),
+                "DO $pgmemo$BEGIN SET datestyle TO 'SQL';SET search_path TO other; END$pgmemo$"
+                    .into()
+            ))
+        );
+        assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, &a, &a), None);
     }
 
     #[test]

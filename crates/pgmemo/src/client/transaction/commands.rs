@@ -144,7 +144,9 @@ impl Outcome {
 /// Work on the server before the client's statement can run there.
 #[derive(Debug, Clone)]
 pub enum ServerPrep {
-    Create(Arc<PreparedStatement>),
+    /// Prepare the statement. With settings: those the `EXECUTE` that needs it runs under,
+    /// changed by `SET`s before it in the same Query (`settings::analysis_switch`).
+    Create(Arc<PreparedStatement>, Option<Box<ClientSettings>>),
     Drop(Arc<PreparedStatement>),
 }
 
@@ -233,6 +235,9 @@ impl Planner<'_> {
         }
         let mut outcomes = Vec::with_capacity(analysis.statements.len());
         let mut prep = Vec::new();
+        // The settings the next statement runs under, once a statement before it changed
+        // them (`Some(None)`: changed in a way pgmemo cannot follow).
+        let mut at_use: Option<Option<ClientSettings>> = None;
         let mut pieces: Vec<(std::ops::Range<usize>, String)> = Vec::new();
         let mut raises = false;
         for (i, stmt) in analysis.statements.iter().enumerate() {
@@ -245,8 +250,16 @@ impl Planner<'_> {
                     break;
                 }
             }
+            let before = prep.len();
             let planned =
                 refusal(stmt).and_then(|()| self.statement(stmt, protocol, many, &mut prep));
+            if let Some(Some(settings)) = &at_use {
+                for p in &mut prep[before..] {
+                    if let ServerPrep::Create(_, under @ None) = p {
+                        *under = Some(Box::new(settings.clone()));
+                    }
+                }
+            }
             let (outcome, replacement) = match planned {
                 Ok(v) => v,
                 Err(e) if i == 0 => return Plan::Refused(e),
@@ -262,6 +275,13 @@ impl Planner<'_> {
                 pieces.push((stmt.source.clone(), r));
             }
             self.settings_changed |= outcome.effect.changes_settings();
+            if outcome.effect.changes_settings() {
+                let now = at_use.take().unwrap_or_else(|| Some(self.startup.clone()));
+                at_use = Some(match (&outcome.effect, now) {
+                    (Effect::Setting(c), Some(s)) if c.real => Some(s.after(&c.change)),
+                    _ => None,
+                });
+            }
             outcomes.push(outcome);
         }
         let untracked = outcomes
@@ -540,7 +560,7 @@ pub fn ensure_on(
     if let Some(evicted) = server.insert(statement.clone(), max_prepared) {
         prep.push(ServerPrep::Drop(evicted));
     }
-    prep.push(ServerPrep::Create(statement.clone()));
+    prep.push(ServerPrep::Create(statement.clone(), None));
 }
 
 /// The outcome of a `DEALLOCATE` pgmemo answers itself (the server runs a no-op in its place,

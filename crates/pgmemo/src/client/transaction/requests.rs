@@ -22,7 +22,9 @@ use super::commands::{
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use super::shape;
 use crate::cache::plan::Effects;
-use crate::pool::settings::{analysis_switch, lexes_as_default, sync_sql, UNKNOWN_PARSE_SETTINGS};
+use crate::pool::settings::{
+    analysis_switch, lexes_as_default, sync_sql, ClientSettings, UNKNOWN_PARSE_SETTINGS,
+};
 use crate::pool::{
     ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
 };
@@ -300,7 +302,7 @@ fn names_change_runs(outcome: &Arc<Outcome>, link: &mut Link<'_>, out: &mut Byte
 /// (`sql_names_in_flight`).
 #[inline]
 pub fn must_wait(buf: &[u8], link: &Link<'_>) -> bool {
-    if link.queue.is_empty() && !link.plain_parse {
+    if link.queue.is_empty() && !link.plain_parse && link.plain.is_none() {
         return false;
     }
     match buf.first() {
@@ -329,8 +331,11 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
         || (header.tag == frontend::tag::PARSE && body.first() == Some(&0))
     {
         // SQL text, which may name the client's statements (`EXECUTE q1`, `PREPARE q1`):
-        // planned once no earlier batch can still give or take away a name.
-        return sql_names_in_flight(link);
+        // planned once no earlier batch can still give or take away a name. A `DISCARD
+        // ALL` also waits for whether an earlier request opened a transaction block, where
+        // it fails.
+        return sql_names_in_flight(link)
+            || ((earlier_batches(link) > 0 || link.plain.is_some()) && mentions_discard(body));
     }
     let (name, given_counts) = match header.tag {
         frontend::tag::PARSE => (cstr(body), true),
@@ -389,6 +394,11 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
                 _ => false,
             })
     })
+}
+
+/// Whether SQL text mentions `DISCARD` (in any case), told without a parse.
+fn mentions_discard(text: &[u8]) -> bool {
+    text.windows(7).any(|w| w.eq_ignore_ascii_case(b"discard"))
 }
 
 /// How many queue entries belong to earlier batches: those up to the last Sync; the ones
@@ -1485,8 +1495,8 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                 }));
                 link.queue.push_back(entry);
             }
-            ServerPrep::Create(statement) => {
-                let switch = analysis_switch_for(statement, link);
+            ServerPrep::Create(statement, at_use) => {
+                let switch = analysis_switch_for(statement, at_use.as_deref(), link);
                 if let Some((to, _)) = &switch {
                     emit_own_run(to, None, link, out);
                 }
@@ -1547,14 +1557,21 @@ fn create_parse(statement: &PreparedStatement, parse: &Bytes, link: &Link<'_>) -
 }
 
 /// The `DO` blocks around preparing `statement` again on this server that make the server
-/// read it under the settings it was first prepared under (`settings::analysis_switch`).
-/// Only while the server's settings are the client's committed ones: after a `SET` in the
-/// open transaction or batch (or code pgmemo cannot see into) it reads under those in force.
-fn analysis_switch_for(statement: &PreparedStatement, link: &Link<'_>) -> Option<(String, String)> {
+/// read it under the settings it was first prepared under, or under `at_use` (those the
+/// Query's `EXECUTE` runs under, `None`: the committed ones) when PostgreSQL would parse it
+/// again there (`settings::analysis_switch`). Only while the server's settings are the
+/// client's committed ones: after a `SET` in the open transaction or batch (or code pgmemo
+/// cannot see into) it reads under those in force.
+fn analysis_switch_for(
+    statement: &PreparedStatement,
+    at_use: Option<&ClientSettings>,
+    link: &Link<'_>,
+) -> Option<(String, String)> {
     if link.settings_unsettled() {
         return None;
     }
-    let switch = analysis_switch(statement.read_under(), &link.client.settings)?;
+    let now = &link.client.settings;
+    let switch = analysis_switch(statement.read_under(), at_use.unwrap_or(now), now)?;
     // Only queries are analysed at Parse, literals and all (a SQL-level PREPARE holds one). A
     // utility statement reads its text when it runs, and the blocks would be the
     // transaction's first query, which `BEGIN ISOLATION LEVEL` or `SET TRANSACTION` must
