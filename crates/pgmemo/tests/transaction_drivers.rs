@@ -402,6 +402,7 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
 #[tokio::test]
 async fn randomly_damaged_session_statements_fail_as_in_postgres() {
     within(TEST_DEADLINE, async {
+        let t = create_table("damaged_copy", "(k int, v text)").await;
         let mut state = std::env::var("PGMEMO_FUZZ_SEED")
             .map_or(0x2545_f491_4f6c_dd1du64, |s| s.parse().expect("a u64 seed"));
         let batches: usize = std::env::var("PGMEMO_FUZZ_BATCHES")
@@ -432,11 +433,12 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
             "SET search_path = pg_catalog, public",
             "ROLLBACK",
         ];
-        let mut steps = Vec::new();
+        // Every run (direct, then through pgmemo) starts from an empty table.
+        let mut steps = vec![(Who::B, vec![msg::query(&format!("TRUNCATE {t}"))])];
         for _ in 0..batches {
             let first = texts[next(texts.len())];
             let second = texts[next(texts.len())];
-            let mut messages = match next(5) {
+            let mut messages = match next(6) {
                 0 => vec![msg::query(&format!("{first}; {second}"))],
                 1 => vec![msg::query(first), msg::query(second)],
                 // In a block, through a named portal and the unnamed one.
@@ -458,6 +460,14 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
                 3 => vec![
                     msg::function_call(2078, &["application_name", "fz_three", "false"]),
                     msg::query(first),
+                ],
+                // COPY FROM STDIN, then a statement and a count of what the COPY kept.
+                4 => vec![
+                    msg::query(&format!("COPY {t} FROM STDIN")),
+                    msg::copy_data(b"1\tone\n2\ttwo\n"),
+                    msg::frame(b'c', b""),
+                    msg::query(first),
+                    msg::query(&format!("SELECT count(*) FROM {t}")),
                 ],
                 _ => {
                     // Transaction pooling refuses SQL-level PREPARE, EXECUTE and DEALLOCATE
@@ -524,6 +534,7 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
         let transcript = same_as_postgres(&steps).await;
         same_in_session_pooling(&transcript, &steps).await;
         same_through_evicting(&transcript, &steps).await;
+        drop_table(&t).await;
     })
     .await;
 }
@@ -3995,6 +4006,53 @@ async fn a_sql_level_statement_executed_after_its_batch_is_refused() {
             "{transcript:#?}"
         );
         pgmemo.shutdown().await;
+    })
+    .await;
+}
+
+/// A FunctionCall of `set_config` by OID (2078) changes the client's setting as in
+/// PostgreSQL: a Query pipelined right behind it sees the new value, and the value follows
+/// the client to its next server (read back from the server, as for a `set_config` in SQL
+/// text), `search_path` too, which PostgreSQL does not report. pgmemo once reset the server
+/// under the pipelined Query, and forgot unreported settings.
+#[tokio::test]
+async fn a_function_call_of_set_config_follows_the_client() {
+    within(TEST_DEADLINE, async {
+        let set_config =
+            |name: &str, value: &str| msg::function_call(2078, &[name, value, "false"]);
+        let steps = vec![
+            (Who::A, vec![msg::query("SET application_name = 'before'")]),
+            (
+                Who::A,
+                vec![
+                    set_config("application_name", "called"),
+                    msg::query("SHOW application_name"),
+                ],
+            ),
+            (
+                Who::A,
+                vec![
+                    set_config("search_path", "pg_catalog, public"),
+                    msg::query("SHOW search_path"),
+                ],
+            ),
+            (
+                Who::B,
+                vec![msg::query("SHOW application_name; SHOW search_path")],
+            ),
+            (
+                Who::A,
+                vec![msg::query("SHOW application_name; SHOW search_path")],
+            ),
+        ];
+        let transcript = same_as_postgres_over(2, &steps).await;
+        assert!(
+            transcript
+                .iter()
+                .any(|l| l == " 4 A| DataRow [pg_catalog, public]"),
+            "{transcript:#?}"
+        );
+        same_through_evicting(&transcript, &steps).await;
     })
     .await;
 }

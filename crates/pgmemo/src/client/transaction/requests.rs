@@ -234,9 +234,18 @@ pub fn translate(
             sync_settings(link, out);
             out.extend_from_slice(frame.raw());
             // A function called by OID (set_config, an advisory lock, anything) may change
-            // session state pgmemo cannot see: the server is reset before its next client.
-            link.server.settings.unknown = true;
+            // session state pgmemo cannot see, as a `DO` block may: once it returned, the
+            // server is reset before its next use, and a `set_config` call's setting is read
+            // back from it to follow the client (a request pipelined behind still finds the
+            // server as the call left it).
             let mut entry = Entry::forward(Expect::Query);
+            entry.outcomes.push(Outcome {
+                effect: Effect::SettingsUnknown {
+                    verify: set_config_by_oid(frame.body()).into_iter().collect(),
+                },
+                tag: None,
+                uses: None,
+            });
             if link.cache.is_some() {
                 entry.effects = Some(Box::new(writes_anything()));
             }
@@ -285,6 +294,21 @@ fn names_change_runs(outcome: &Arc<Outcome>, link: &mut Link<'_>, out: &mut Byte
     }
     link.client.unrun.retain(|u| !Arc::ptr_eq(u, outcome));
     true
+}
+
+/// The setting a FunctionCall of `set_config` (OID 2078) names, lowercased: its first
+/// argument (text, the same bytes in either format).
+fn set_config_by_oid(body: &[u8]) -> Option<String> {
+    const SET_CONFIG: u32 = 2078;
+    let oid = u32::from_be_bytes(body.get(..4)?.try_into().ok()?);
+    if oid != SET_CONFIG {
+        return None;
+    }
+    let formats = usize::from(u16::from_be_bytes(body.get(4..6)?.try_into().ok()?));
+    let at = 6 + 2 * formats + 2;
+    let len = i32::from_be_bytes(body.get(at..at + 4)?.try_into().ok()?);
+    let name = body.get(at + 4..at + 4 + usize::try_from(len).ok()?)?;
+    Some(std::str::from_utf8(name).ok()?.to_ascii_lowercase())
 }
 
 /// Whether the message at the front of `buf` must wait for the answers to the batches

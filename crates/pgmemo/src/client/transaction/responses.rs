@@ -463,6 +463,13 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
             entry.next += 1;
             false
         }
+        (Expect::Query, backend::tag::FUNCTION_CALL_RESPONSE) => {
+            // A FunctionCall returned: what it may have changed counts from now on.
+            let outcome = entry.outcomes.get(entry.next).cloned();
+            entry.next += 1;
+            completed(b"", outcome, link);
+            false
+        }
         (Expect::Execute | Expect::Query, backend::tag::COMMAND_COMPLETE) => {
             let outcome = entry.outcomes.get(entry.next).cloned();
             entry.next += 1;
