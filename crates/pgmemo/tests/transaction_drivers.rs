@@ -3973,6 +3973,52 @@ async fn an_execute_after_a_search_path_change_in_its_query_reads_the_new_path()
     .await;
 }
 
+/// A `DEALLOCATE ALL` pipelined behind a named Parse that the server then refuses (an
+/// aborted block) does not bring that name back when it is refused too: the client never
+/// had the statement, and parsing the name again succeeds, as in PostgreSQL (differential
+/// seed 13752; pgmemo answered 42P05).
+#[tokio::test]
+async fn a_name_a_refused_parse_gave_stays_unknown() {
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (Who::A, vec![msg::query("BEGIN")]),
+            (Who::A, vec![msg::query("SELECT 1/0")]),
+            (
+                Who::A,
+                vec![
+                    msg::parse("s1", "SELECT 1 AS one", &[]),
+                    msg::bind("p1", "s1", &[]),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                    msg::parse("", "DEALLOCATE ALL", &[]),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (Who::A, vec![msg::query("ROLLBACK")]),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (
+                Who::A,
+                vec![
+                    msg::parse("s1", "SELECT 2 AS two", &[]),
+                    msg::bind("", "s1", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        assert!(
+            transcript.iter().any(|l| l == " 5 A| DataRow [2]"),
+            "{transcript:#?}"
+        );
+        same_through_evicting(&transcript, &steps).await;
+        same_in_session_pooling(&transcript, &steps).await;
+    })
+    .await;
+}
+
 /// Executing such an unnamed statement in a later batch than the one that parsed it is
 /// refused in transaction pooling (a documented difference: PostgreSQL runs it then), and
 /// the session goes on with its names as they were.

@@ -356,10 +356,12 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
     {
         // SQL text, which may name the client's statements (`EXECUTE q1`, `PREPARE q1`):
         // planned once no earlier batch can still give or take away a name. A `DISCARD
-        // ALL` also waits for whether an earlier request opened a transaction block, where
-        // it fails.
+        // ALL` or `DEALLOCATE` waits for every earlier request: whether one opened a
+        // transaction block (where DISCARD ALL fails), and which names an earlier Parse
+        // really gave (dropped now, one the server then refuses would come back when the
+        // drop is undone).
         return sql_names_in_flight(link)
-            || ((earlier_batches(link) > 0 || link.plain.is_some()) && mentions_discard(body));
+            || ((earlier_batches(link) > 0 || link.plain.is_some()) && mentions_name_drop(body));
     }
     let (name, given_counts) = match header.tag {
         frontend::tag::PARSE => (cstr(body), true),
@@ -420,9 +422,12 @@ fn waits_on_earlier_batch(buf: &[u8], link: &Link<'_>) -> bool {
     })
 }
 
-/// Whether SQL text mentions `DISCARD` (in any case), told without a parse.
-fn mentions_discard(text: &[u8]) -> bool {
+/// Whether SQL text mentions `DISCARD` or `DEALLOCATE` (in any case), told without a parse.
+fn mentions_name_drop(text: &[u8]) -> bool {
     text.windows(7).any(|w| w.eq_ignore_ascii_case(b"discard"))
+        || text
+            .windows(10)
+            .any(|w| w.eq_ignore_ascii_case(b"deallocate"))
 }
 
 /// How many queue entries belong to earlier batches: those up to the last Sync; the ones
