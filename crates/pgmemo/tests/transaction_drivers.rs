@@ -4019,6 +4019,49 @@ async fn a_name_a_refused_parse_gave_stays_unknown() {
     .await;
 }
 
+/// A Bind pipelined behind a batch that evicts its statement from the server, where an error
+/// earlier in that batch makes the server skip the eviction: pgmemo waits for that answer
+/// before it checks the statement's shape on the server, which would prepare it there
+/// again (42P05, its own statement already existing; differential seed 13791).
+#[tokio::test]
+async fn a_bind_behind_a_skipped_eviction_finds_its_statement() {
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (
+                Who::A,
+                vec![
+                    msg::parse("s2", "SELECT 1 AS one", &[]),
+                    msg::describe(b'S', "s2"),
+                    msg::sync(),
+                ],
+            ),
+            (
+                Who::A,
+                vec![
+                    msg::describe(b'P', "no_such_portal"),
+                    msg::parse("s1", "SELECT 2 AS two", &[]),
+                    msg::sync(),
+                    msg::bind("", "s2", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (
+                Who::A,
+                vec![msg::bind("", "s2", &[]), msg::execute("", 0), msg::sync()],
+            ),
+        ];
+        let direct = run_script(LocalPostgres::PORT, &steps).await;
+        assert!(
+            direct.iter().any(|l| l == " 1 A| DataRow [1]"),
+            "{direct:#?}"
+        );
+        same_through_evicting(&direct, &steps).await;
+    })
+    .await;
+}
+
 /// Executing such an unnamed statement in a later batch than the one that parsed it is
 /// refused in transaction pooling (a documented difference: PostgreSQL runs it then), and
 /// the session goes on with its names as they were.

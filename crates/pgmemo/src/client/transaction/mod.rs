@@ -967,8 +967,9 @@ impl Pumps<'_, '_> {
                 if plain::request(client_buf, &mut link, self.opts.max_message, server_out) {
                     continue;
                 }
-                if requests::probe_shape(client_buf, &mut link, server_out)
-                    || requests::must_wait(client_buf, &link)
+                // Waiting first, as in `client_to_server`.
+                if requests::must_wait(client_buf, &link)
+                    || requests::probe_shape(client_buf, &mut link, server_out)
                 {
                     link.holding = true;
                     break;
@@ -1173,8 +1174,11 @@ impl Pumps<'_, '_> {
                     if plain::request(buf, &mut link, self.opts.max_message, out) {
                         continue;
                     }
-                    link.holding = requests::probe_shape(buf, &mut link, out)
-                        || requests::must_wait(buf, &link);
+                    // Waiting comes first: a probe prepares the statement on this server
+                    // now, which must not happen before the answers to a batch that may
+                    // have closed it or not (an eviction the server then skipped).
+                    link.holding = requests::must_wait(buf, &link)
+                        || requests::probe_shape(buf, &mut link, out);
                     if link.holding {
                         break;
                     }
