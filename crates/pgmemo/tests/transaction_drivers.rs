@@ -237,6 +237,77 @@ async fn malformed_messages_fail_as_in_postgres() {
     .await;
 }
 
+/// The client's unnamed statement outlives messages PostgreSQL fails before they act: a Bind
+/// cut short (the rest of its batch skipped, a Close of the statement with it), an unnamed
+/// Parse with bytes left over. With the cache on, the batch that made the statement was
+/// answered from the cache, and the server still had to get it: pgmemo once sent it along
+/// with a message the failed batch skipped, or took the failed Parse for its replacement,
+/// and the next Bind found no statement (26000). Also, a Bind whose portal name is not UTF-8
+/// fails on that name (22021) before pgmemo's own checks of the statement it names (seed 5
+/// of `randomly_damaged_messages_fail_as_in_postgres` with 1,000 batches).
+#[tokio::test]
+async fn an_unnamed_statement_outlives_messages_postgres_fails() {
+    within(TEST_DEADLINE, async {
+        let t = create_table("unnamed_kept", "(k int PRIMARY KEY, v text)").await;
+        LocalPostgres
+            .client(USER, DB)
+            .await
+            .batch_execute(&format!("INSERT INTO {t} VALUES (1, 'one')"))
+            .await
+            .unwrap();
+        let f = msg::frame;
+        let select = format!("SELECT v FROM {t} WHERE k = $1");
+        let read = vec![
+            msg::parse("", &select, &[]),
+            msg::bind("", "", &[Some("1")]),
+            msg::describe(b'P', ""),
+            msg::execute("", 0),
+            msg::sync(),
+        ];
+        let steps = vec![
+            (Who::A, read.clone()),
+            (Who::A, read.clone()),
+            // A Query drops the unnamed statement; the read parses it again (from the cache).
+            (Who::A, vec![msg::query("SELECT 'A'")]),
+            // Pipelined behind the read, with a Flush: relayed message by message.
+            (
+                Who::A,
+                [
+                    read.clone(),
+                    vec![
+                        f(b'B', b"p"),
+                        msg::describe(b'S', ""),
+                        msg::flush(),
+                        msg::close(b'S', ""),
+                        msg::sync(),
+                    ],
+                ]
+                .concat(),
+            ),
+            (Who::A, exec("", &[Some("1")])),
+            (Who::A, vec![msg::query("SELECT 'A again'")]),
+            (Who::A, read.clone()),
+            (
+                Who::A,
+                vec![f(b'P', b"\0SELECT 1 AS a\0\0\0!\x14"), msg::sync()],
+            ),
+            (Who::A, exec("", &[Some("1")])),
+            // B's Query drops the unnamed statement of the server they share.
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (Who::A, vec![f(b'B', b"p\xff\0\0\0\0\0\0\0"), msg::sync()]),
+            (Who::A, exec("", &[Some("1")])),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        same_in_session_pooling(&transcript, &steps).await;
+        let rows = transcript.iter().filter(|l| l.ends_with("DataRow [one]"));
+        assert_eq!(rows.count(), 7, "{transcript:#?}");
+        let errors = transcript.iter().filter(|l| l.contains("22021")).count();
+        assert_eq!(errors, 1, "{transcript:#?}");
+        drop_table(&t).await;
+    })
+    .await;
+}
+
 /// A Sync or a Flush with bytes in its body fails as in PostgreSQL (08P01), with transaction
 /// and session pooling, cache on and off. PostgreSQL fails such a Sync before it commits: the
 /// implicit transaction is rolled back (a `SET` in it too) and ReadyForQuery follows; a failed
@@ -326,7 +397,8 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
             .await
             .unwrap();
         // xorshift64*: a few hundred numbers, the same on every run.
-        // `PGMEMO_FUZZ_SEED` and `PGMEMO_FUZZ_BATCHES` run other batches, for a longer search.
+        // `PGMEMO_FUZZ_SEED` and `PGMEMO_FUZZ_BATCHES` run other batches, for a longer search;
+        // `PGMEMO_FUZZ_PRINT` prints each step's messages.
         let mut state = std::env::var("PGMEMO_FUZZ_SEED")
             .map_or(0x9e37_79b9_7f4a_7c15u64, |s| s.parse().expect("a u64 seed"));
         let batches: usize = std::env::var("PGMEMO_FUZZ_BATCHES")
@@ -377,6 +449,9 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
                 _ => body.push(b'X'),
             }
             *victim = msg::frame(victim[0], &body);
+            if std::env::var_os("PGMEMO_FUZZ_PRINT").is_some() {
+                eprintln!("step {}: {messages:?}", steps.len());
+            }
             steps.push((Who::A, messages));
             steps.push((Who::B, vec![msg::query("SELECT 'B in between'")]));
         }

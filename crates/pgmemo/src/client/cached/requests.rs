@@ -217,7 +217,9 @@ impl Requests<'_> {
                 }
                 let frame = self.buf.split_to(len).freeze();
                 let whole = 0..frame.len();
-                if let Some(parse) = self.unnamed_restore(&frame, std::slice::from_ref(&whole)) {
+                if let Some(parse) =
+                    self.unnamed_restore(&frame, std::slice::from_ref(&whole), false)
+                {
                     let ctx = self.context_at_send(pump);
                     self.restore_unnamed(parse, ctx, server).await?;
                 }
@@ -1291,7 +1293,7 @@ impl Requests<'_> {
         if let Action::Capture(c) = &action {
             self.shared.cache.stats.missed(&c.query);
         }
-        if let Some(parse) = self.unnamed_restore(bytes, frames) {
+        if let Some(parse) = self.unnamed_restore(bytes, frames, true) {
             self.restore_unnamed(parse, batch_ctx, server).await?;
         }
         let inert = shape.is_some() && read_ok && effects.is_empty();
@@ -1394,30 +1396,61 @@ impl Requests<'_> {
     }
 
     /// When the server's unnamed statement is behind the client's and `frames` use it before
-    /// parsing a new one, the Parse to send first. Forgets the lag either way once `frames`
-    /// settle it.
+    /// parsing a new one, the Parse (or Close) to send first, ahead of `frames[0]`. Forgets
+    /// the lag either way once `frames` settle it.
+    ///
+    /// The lag only ever starts at a request answered from the cache, so `frames[0]` is the
+    /// first message of a batch. What goes ahead of it reaches the server whatever the batch
+    /// does, while a message later in the batch is skipped when one before it fails. So a new
+    /// unnamed Parse makes the lag moot only as the batch's first message, and only when
+    /// PostgreSQL reads it without error: one it fails while reading it (trailing bytes, a name
+    /// or text that is not UTF-8: 08P01, 22021) keeps the old unnamed statement, which the
+    /// client may bind next. `whole_batch`: `frames` is the whole batch, up to its Sync, so
+    /// the lag may stay when nothing in it uses the unnamed statement; otherwise (one message
+    /// of a batch relayed message by message) what the rest of the batch does is unknown, and
+    /// the server gets the client's unnamed statement now.
     fn unnamed_restore(
         &mut self,
         bytes: &[u8],
         frames: &[std::ops::Range<usize>],
+        whole_batch: bool,
     ) -> Option<Bytes> {
         self.session.unnamed_behind.as_ref()?;
+        let unnamed_parse = |body: &[u8]| parse_message(body).is_some_and(|m| m.name.is_empty());
+        let first = frames.first()?;
+        let body = &bytes[first.start + 5..first.end];
+        if bytes[first.start] == b'P' && unnamed_parse(body) && parse_surely_read(body) {
+            self.session.unnamed_behind = None;
+            return None;
+        }
+        if !whole_batch {
+            return self.session.unnamed_behind.take();
+        }
         for r in frames {
             let body = &bytes[r.start + 5..r.end];
-            match bytes[r.start] {
-                b'P' if parse_message(body).is_some_and(|m| m.name.is_empty()) => {
-                    self.session.unnamed_behind = None;
-                    return None;
-                }
-                b'B' if bind_message(body).is_some_and(|b| b.statement.is_empty()) => {
-                    return self.session.unnamed_behind.take();
-                }
-                b'D' | b'C' if body == b"S\0" => return self.session.unnamed_behind.take(),
-                _ => {}
+            let uses = match bytes[r.start] {
+                b'P' => unnamed_parse(body),
+                b'B' => bind_message(body).is_some_and(|b| b.statement.is_empty()),
+                b'D' | b'C' => body == b"S\0",
+                _ => false,
+            };
+            if uses {
+                return self.session.unnamed_behind.take();
             }
         }
         None
     }
+}
+
+/// Whether PostgreSQL reads a Parse body without error (it fails one with trailing bytes, a
+/// missing terminator or, for a UTF-8 client, a name or text that is not UTF-8, before it
+/// looks at the statement). `false` also for a client in another encoding whose bytes are
+/// not UTF-8: the caller then only does what is right either way.
+#[cold]
+fn parse_surely_read(body: &[u8]) -> bool {
+    wire::frontend::Parse::decode(Bytes::copy_from_slice(body)).is_ok_and(|p| {
+        std::str::from_utf8(&p.name).is_ok() && std::str::from_utf8(&p.query).is_ok()
+    })
 }
 
 /// Why a request with this plan is not served or stored: the plan's own reason first, then

@@ -570,6 +570,29 @@ fn not_utf8_parse(msg: &Parse, link: &mut Link<'_>, out: &mut BytesMut) {
     emit_refusal(&not_utf8(), link, out);
 }
 
+/// A Bind's portal name that is not UTF-8: PostgreSQL reads it before anything else in the
+/// Bind and fails a UTF-8 client's with 22021, ahead of any check pgmemo makes itself (an
+/// unknown statement, a wrong parameter count). The server reads the same bytes first, as a
+/// comment in a Parse of the unnamed statement (answer swallowed): that fails as the Bind
+/// would and skips the batch, or passes in another client_encoding, where the Bind goes on.
+#[cold]
+fn probe_portal_name(portal: &[u8], link: &mut Link<'_>, out: &mut BytesMut) {
+    let comment = portal.iter().map(|&b| match b {
+        b'\n' | b'\r' => b' ',
+        b => b,
+    });
+    Parse {
+        name: Bytes::new(),
+        query: b"-- ".iter().copied().chain(comment).collect(),
+        param_types: Vec::new(),
+    }
+    .encode(out);
+    let mut entry = Entry::swallow(Expect::Parse);
+    entry.unnamed = Some(link.unnamed_undo(false));
+    link.server.unnamed = Some(OWN_UNNAMED);
+    link.queue.push_back(entry);
+}
+
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
     std::str::from_utf8(bytes).map_err(|_| WireError::InvalidUtf8)
 }
@@ -1024,6 +1047,9 @@ fn bind(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wi
         .ok_or(WireError::MissingTerminator)?;
     let portal = &body[..portal_end];
     link.last_bound = None;
+    if std::str::from_utf8(portal).is_err() {
+        probe_portal_name(portal, link, out);
+    }
     let Ok(name) = std::str::from_utf8(&rest[..stmt_end]) else {
         not_utf8_name(frame, Expect::Bind, link, out);
         return Ok(());
