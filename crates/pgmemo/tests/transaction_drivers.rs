@@ -402,7 +402,7 @@ async fn randomly_damaged_messages_fail_as_in_postgres() {
         let mut state = std::env::var("PGMEMO_FUZZ_SEED")
             .map_or(0x9e37_79b9_7f4a_7c15u64, |s| s.parse().expect("a u64 seed"));
         let batches: usize = std::env::var("PGMEMO_FUZZ_BATCHES")
-            .map_or(40, |s| s.parse().expect("a number of batches"));
+            .map_or(300, |s| s.parse().expect("a number of batches"));
         let mut next = move |below: usize| {
             state ^= state >> 12;
             state ^= state << 25;
@@ -481,7 +481,7 @@ async fn randomly_damaged_session_statements_fail_as_in_postgres() {
         let mut state = std::env::var("PGMEMO_FUZZ_SEED")
             .map_or(0x2545_f491_4f6c_dd1du64, |s| s.parse().expect("a u64 seed"));
         let batches: usize = std::env::var("PGMEMO_FUZZ_BATCHES")
-            .map_or(30, |s| s.parse().expect("a number of batches"));
+            .map_or(200, |s| s.parse().expect("a number of batches"));
         let mut next = move |below: usize| {
             state ^= state >> 12;
             state ^= state << 25;
