@@ -244,7 +244,9 @@ async fn malformed_messages_fail_as_in_postgres() {
 /// with a message the failed batch skipped, or took the failed Parse for its replacement,
 /// and the next Bind found no statement (26000). Also, a Bind whose portal name is not UTF-8
 /// fails on that name (22021) before pgmemo's own checks of the statement it names (seed 5
-/// of `randomly_damaged_messages_fail_as_in_postgres` with 1,000 batches).
+/// of `randomly_damaged_messages_fail_as_in_postgres` with 1,000 batches), and a Parse
+/// PostgreSQL fails that way leaves the server's unnamed statement as it was, which pgmemo
+/// must then close before the client's Bind of the unnamed statement (seed 60).
 #[tokio::test]
 async fn an_unnamed_statement_outlives_messages_postgres_fails() {
     within(TEST_DEADLINE, async {
@@ -296,14 +298,72 @@ async fn an_unnamed_statement_outlives_messages_postgres_fails() {
             (Who::B, vec![msg::query("SELECT 'B in between'")]),
             (Who::A, vec![f(b'B', b"p\xff\0\0\0\0\0\0\0"), msg::sync()]),
             (Who::A, exec("", &[Some("1")])),
+            // A duplicate named Parse is analysed as the server's unnamed statement; a named
+            // Parse whose text is not UTF-8 fails (22021) while PostgreSQL reads it, which
+            // leaves that unnamed statement on the server. The client has none (26000).
+            (Who::A, vec![msg::query("SELECT 'A drops it'")]),
+            (
+                Who::A,
+                vec![msg::parse("s1", "SELECT $1::int AS b", &[]), msg::sync()],
+            ),
+            (
+                Who::A,
+                vec![msg::parse("s1", "SELECT $1::int AS b", &[]), msg::sync()],
+            ),
+            (
+                Who::A,
+                vec![f(b'P', b"s2\0SELECT '\xff'\0\0\0"), msg::sync()],
+            ),
+            (Who::A, exec("", &[])),
         ];
         let transcript = same_as_postgres(&steps).await;
         same_in_session_pooling(&transcript, &steps).await;
         let rows = transcript.iter().filter(|l| l.ends_with("DataRow [one]"));
         assert_eq!(rows.count(), 7, "{transcript:#?}");
         let errors = transcript.iter().filter(|l| l.contains("22021")).count();
-        assert_eq!(errors, 1, "{transcript:#?}");
+        assert_eq!(errors, 2, "{transcript:#?}");
+        assert!(
+            transcript
+                .last_chunk::<2>()
+                .is_some_and(|[e, _]| e.contains("26000")),
+            "{transcript:#?}"
+        );
         drop_table(&t).await;
+    })
+    .await;
+}
+
+/// A Query that executes one SQL-level statement and prepares another runs both when the
+/// server may hold only one (`max_prepared_statements` = 1): pgmemo prepares what the Query
+/// executes before sending it, and once closed the first to make room for the second, so
+/// that the `EXECUTE` failed with 26000 (seed 45 of the damaged-session-statements fuzzer
+/// with 1,000 batches).
+#[tokio::test]
+async fn a_query_keeps_the_statements_it_uses_on_a_full_server() {
+    within(TEST_DEADLINE, async {
+        let steps = vec![
+            (Who::A, vec![msg::query("PREPARE q1 AS SELECT 1 AS one")]),
+            (Who::A, vec![msg::query("PREPARE q2 AS SELECT 2 AS two")]),
+            (
+                Who::A,
+                vec![msg::query(
+                    "EXECUTE q1; PREPARE q3 AS SELECT 3 AS three; EXECUTE q3",
+                )],
+            ),
+            (Who::B, vec![msg::query("SELECT 'B in between'")]),
+            (
+                Who::A,
+                vec![msg::query("EXECUTE q2; EXECUTE q3; EXECUTE q1")],
+            ),
+            (Who::A, vec![msg::query("DEALLOCATE ALL")]),
+        ];
+        let transcript = same_as_postgres(&steps).await;
+        same_through_evicting(&transcript, &steps).await;
+        let rows = transcript
+            .iter()
+            .filter(|l| l.contains("| DataRow ["))
+            .count();
+        assert_eq!(rows, 6, "{transcript:#?}");
     })
     .await;
 }

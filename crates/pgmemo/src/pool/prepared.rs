@@ -178,6 +178,9 @@ struct Held {
 pub struct ServerStatements {
     prepared: Map<u64, Held>,
     clock: u64,
+    /// While pgmemo plans one Query ([`Self::pin_uses`]): statements used since this clock
+    /// value are not evicted, since the Query has yet to run them.
+    pinned_from: Option<u64>,
     /// Uses of a statement the server already had.
     pub hits: u64,
     /// Statements pgmemo had to prepare on this server first.
@@ -198,32 +201,49 @@ impl ServerStatements {
         }
     }
 
+    /// From now until [`Self::unpin`], the statements used or prepared are never the ones
+    /// `insert` evicts: a simple Query gets every statement it executes prepared before it
+    /// runs (`EXECUTE q1; PREPARE q2 AS ...`), and making room for a later one must not close
+    /// an earlier one. When every statement held is pinned, the server holds more than
+    /// `max_prepared_statements` until the next `insert` outside a pin closes the excess.
+    pub fn pin_uses(&mut self) {
+        self.pinned_from = Some(self.clock + 1);
+    }
+
+    /// Ends [`Self::pin_uses`].
+    pub fn unpin(&mut self) {
+        self.pinned_from = None;
+    }
+
     /// Whether the server has `statement`, without counting a use.
     pub fn holds(&self, statement: &PreparedStatement) -> bool {
         self.prepared.contains_key(&statement.id)
     }
 
     /// Records that `statement` is being prepared on the server. Returns the least recently
-    /// used statement to close first when the server would otherwise hold more than `max`.
+    /// used statements to close first so that the server holds at most `max` (usually one,
+    /// none while there is room; more after a pinned Query went beyond `max`).
     pub fn insert(
         &mut self,
         statement: Arc<PreparedStatement>,
         max: usize,
-    ) -> Option<Arc<PreparedStatement>> {
+    ) -> Vec<Arc<PreparedStatement>> {
         self.clock += 1;
         self.misses += 1;
-        let evicted = if self.prepared.len() >= max.max(1) {
+        let mut evicted = Vec::new();
+        let pinned_from = self.pinned_from.unwrap_or(u64::MAX);
+        while self.prepared.len() >= max.max(1) {
             let oldest = self
                 .prepared
                 .iter()
+                .filter(|(_, held)| held.used < pinned_from)
                 .min_by_key(|(_, held)| held.used)
                 .map(|(id, _)| *id);
-            oldest
-                .and_then(|id| self.prepared.remove(&id))
-                .map(|e| e.statement)
-        } else {
-            None
-        };
+            match oldest.and_then(|id| self.prepared.remove(&id)) {
+                Some(e) => evicted.push(e.statement),
+                None => break,
+            }
+        }
         let held = Held {
             statement: Arc::clone(&statement),
             used: self.clock,
@@ -319,14 +339,40 @@ mod tests {
             .map(|i| registry.get_or_register(key(&format!("SELECT {i}")), sql))
             .collect();
         let mut server = ServerStatements::default();
-        assert!(server.insert(s[0].clone(), 2).is_none());
-        assert!(server.insert(s[1].clone(), 2).is_none());
+        assert!(server.insert(s[0].clone(), 2).is_empty());
+        assert!(server.insert(s[1].clone(), 2).is_empty());
         assert!(server.touch(&s[0]));
-        let evicted = server.insert(s[2].clone(), 2).expect("full");
-        assert_eq!(evicted.id, s[1].id);
+        let evicted = server.insert(s[2].clone(), 2);
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(evicted[0].id, s[1].id);
         assert!(!server.touch(&s[1]));
         assert!(server.touch(&s[2]));
         assert_eq!(server.len(), 2);
         assert_eq!((server.hits, server.misses), (2, 3));
+    }
+
+    #[test]
+    fn statements_a_query_uses_are_not_evicted_while_it_is_planned() {
+        let registry = StatementRegistry::default();
+        let s: Vec<_> = (0..4)
+            .map(|i| registry.get_or_register(key(&format!("SELECT {i}")), sql))
+            .collect();
+        let mut server = ServerStatements::default();
+        assert!(server.insert(s[0].clone(), 1).is_empty());
+        server.pin_uses();
+        // The Query executes s[0], then prepares s[1] and s[2]: nothing it uses is closed.
+        assert!(server.touch(&s[0]));
+        assert!(server.insert(s[1].clone(), 1).is_empty());
+        assert!(server.insert(s[2].clone(), 1).is_empty());
+        server.unpin();
+        assert_eq!(server.len(), 3);
+        // The next one outside the Query closes all three, oldest first.
+        let evicted: Vec<u64> = server
+            .insert(s[3].clone(), 1)
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(evicted, [s[0].id, s[1].id, s[2].id]);
+        assert_eq!(server.len(), 1);
     }
 }

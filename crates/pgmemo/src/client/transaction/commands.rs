@@ -216,6 +216,14 @@ impl Planner<'_> {
     /// Plans `text`. Statements the analysis cannot parse are forwarded as they are: the
     /// server reports the syntax error.
     pub fn plan(&mut self, text: &[u8], protocol: Protocol) -> Plan {
+        self.server.pin_uses();
+        let plan = self.plan_pinned(text, protocol);
+        self.server.unpin();
+        plan
+    }
+
+    /// [`Self::plan`] while the statements it gets prepared are pinned on the server.
+    fn plan_pinned(&mut self, text: &[u8], protocol: Protocol) -> Plan {
         if !sql::may_affect_session(text) {
             return Plan::Plain;
         }
@@ -385,9 +393,8 @@ impl Planner<'_> {
                         Some(NO_OP.to_owned()),
                     ));
                 }
-                if let Some(evicted) = self.server.insert(prepared.clone(), self.max_prepared) {
-                    prep.push(ServerPrep::Drop(evicted));
-                }
+                let evicted = self.server.insert(prepared.clone(), self.max_prepared);
+                prep.extend(evicted.into_iter().map(ServerPrep::Drop));
                 let StatementSource::Sql(create) = &prepared.create else {
                     unreachable!("SQL-level statements are created with SQL")
                 };
@@ -557,9 +564,8 @@ pub fn ensure_on(
     if server.touch(statement) {
         return;
     }
-    if let Some(evicted) = server.insert(statement.clone(), max_prepared) {
-        prep.push(ServerPrep::Drop(evicted));
-    }
+    let evicted = server.insert(statement.clone(), max_prepared);
+    prep.extend(evicted.into_iter().map(ServerPrep::Drop));
     prep.push(ServerPrep::Create(statement.clone(), None));
 }
 

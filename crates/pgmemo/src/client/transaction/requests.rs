@@ -564,7 +564,7 @@ fn not_utf8_parse(msg: &Parse, link: &mut Link<'_>, out: &mut BytesMut) {
     .encode(&mut parse);
     out.extend_from_slice(&parse);
     let mut entry = Entry::swallow(Expect::Parse);
-    entry.unnamed = Some(link.unnamed_undo(false));
+    entry.unnamed = Some(unreadable_probe_undo(link));
     link.server.unnamed = Some(OWN_UNNAMED);
     link.queue.push_back(entry);
     emit_refusal(&not_utf8(), link, out);
@@ -588,9 +588,19 @@ fn probe_portal_name(portal: &[u8], link: &mut Link<'_>, out: &mut BytesMut) {
     }
     .encode(out);
     let mut entry = Entry::swallow(Expect::Parse);
-    entry.unnamed = Some(link.unnamed_undo(false));
+    entry.unnamed = Some(unreadable_probe_undo(link));
     link.server.unnamed = Some(OWN_UNNAMED);
     link.queue.push_back(entry);
+}
+
+/// The undo of pgmemo's own Parse of the unnamed statement made of bytes that are not UTF-8
+/// (`not_utf8_parse`, `probe_portal_name`): when PostgreSQL refuses them while reading the
+/// message (22021), the server keeps the unnamed statement it had, which a Bind of the
+/// unnamed statement would otherwise find (seed 60 of the damaged-messages fuzzer).
+fn unreadable_probe_undo(link: &Link<'_>) -> Box<super::link::UnnamedUndo> {
+    let mut undo = link.unnamed_undo(false);
+    undo.unreadable = true;
+    undo
 }
 
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
@@ -998,12 +1008,13 @@ fn parse(
         return Ok(false);
     }
     if !held {
-        if let Some(evicted) = link
+        let evicted = link
             .server
             .statements
-            .insert(statement.clone(), link.max_prepared)
-        {
-            emit_prep(&[ServerPrep::Drop(evicted)], true, link, out);
+            .insert(statement.clone(), link.max_prepared);
+        if !evicted.is_empty() {
+            let drops: Vec<ServerPrep> = evicted.into_iter().map(ServerPrep::Drop).collect();
+            emit_prep(&drops, true, link, out);
         }
     }
     let StatementSource::Parse(create) = &statement.create else {
