@@ -1444,13 +1444,20 @@ impl Requests<'_> {
 
 /// Whether PostgreSQL reads a Parse body without error (it fails one with trailing bytes, a
 /// missing terminator or, for a UTF-8 client, a name or text that is not UTF-8, before it
-/// looks at the statement). `false` also for a client in another encoding whose bytes are
-/// not UTF-8: the caller then only does what is right either way.
-#[cold]
+/// looks at the statement). `false` also where PostgreSQL might read it (a negative type
+/// count, a client in another encoding whose bytes are not UTF-8): the caller then only
+/// does what is right either way. Reads the body in place: it runs on misses after a hit.
 fn parse_surely_read(body: &[u8]) -> bool {
-    wire::frontend::Parse::decode(Bytes::copy_from_slice(body)).is_ok_and(|p| {
-        std::str::from_utf8(&p.name).is_ok() && std::str::from_utf8(&p.query).is_ok()
-    })
+    let Some(p) = parse_message(body) else {
+        return false;
+    };
+    let types_fit = match p.param_types {
+        [hi, lo, oids @ ..] => {
+            usize::try_from(i16::from_be_bytes([*hi, *lo])).is_ok_and(|n| oids.len() == 4 * n)
+        }
+        _ => false,
+    };
+    types_fit && std::str::from_utf8(p.name).is_ok() && std::str::from_utf8(p.text).is_ok()
 }
 
 /// Why a request with this plan is not served or stored: the plan's own reason first, then
