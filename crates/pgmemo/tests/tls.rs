@@ -96,21 +96,8 @@ fn set_mode(path: &Path, mode: u32) {
 /// chown to the `postgres` OS user when running as root (PostgreSQL then runs as that user and
 /// insists that it owns its key file); a no-op otherwise.
 fn give_to_postgres(dir: &Path, files: &[&Path]) {
-    // SAFETY: geteuid(2) cannot fail and touches no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        return;
-    }
-    let name = std::ffi::CString::new("postgres").unwrap();
-    // SAFETY: getpwnam returns NULL or a pointer to a static record that we read at once.
-    let entry = unsafe { libc::getpwnam(name.as_ptr()) };
-    assert!(
-        !entry.is_null(),
-        "running as root without a postgres OS user"
-    );
-    // SAFETY: non-null pointer from getpwnam, read before any other libc call.
-    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
     for path in std::iter::once(dir).chain(files.iter().copied()) {
-        std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+        testkit::chown_to_postgres(path).unwrap();
     }
 }
 

@@ -41,6 +41,8 @@ pub use names::unique;
 pub use netns::IsolatedLink;
 pub use pgmemo::{pgmemo_config_for, spawn_pgmemo, PgmemoInstance, PgmemoProcess};
 pub use ports::free_port;
-pub use postgres::{local_url, pg_bin, LocalPostgres, TempPostgres, TempPostgresBuilder};
+pub use postgres::{
+    chown_to_postgres, local_url, pg_bin, LocalPostgres, TempPostgres, TempPostgresBuilder,
+};
 pub use procfs::pid_alive;
 pub use programs::{assert_pgbench_report, output, pg_client, run_ok, scrub_pg_env};

@@ -54,22 +54,45 @@ pub(crate) fn running_as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// UID and GID of the `postgres` OS user, to hand it the temp directory.
+/// UID and GID of the `postgres` OS user, to hand it the temp directory. Looked up once,
+/// with the reentrant `getpwnam_r`: `getpwnam` returns a static record that another test
+/// thread's lookup may overwrite while it is read, and a file then chowned to the wrong
+/// user is one PostgreSQL cannot read (`could not open configuration file pg_hba.conf:
+/// Permission denied`, seen once in CI).
 pub(crate) fn postgres_os_user_ids() -> anyhow::Result<(u32, u32)> {
-    let name = std::ffi::CString::new(POSTGRES_OS_USER).expect("no NUL in user name");
-    // SAFETY: getpwnam returns NULL or a pointer to a static passwd record that we read at once,
-    // before any other call could overwrite it.
-    let entry = unsafe { libc::getpwnam(name.as_ptr()) };
-    if entry.is_null() {
-        bail!("running as root but there is no `{POSTGRES_OS_USER}` OS user to run PostgreSQL");
+    static IDS: OnceLock<Option<(u32, u32)>> = OnceLock::new();
+    let ids = IDS.get_or_init(|| {
+        let name = std::ffi::CString::new(POSTGRES_OS_USER).expect("no NUL in user name");
+        // SAFETY: an all-zero passwd (null pointers, zero ids) is a valid value to pass to
+        // getpwnam_r, which fills it in.
+        let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call, `buf` for `buf.len()` bytes; the record
+        // and the strings it points to live in `entry` and `buf`, owned here.
+        let rc = unsafe {
+            libc::getpwnam_r(
+                name.as_ptr(),
+                &mut entry,
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut found,
+            )
+        };
+        (rc == 0 && !found.is_null()).then_some((entry.pw_uid, entry.pw_gid))
+    });
+    match ids {
+        Some(ids) => Ok(*ids),
+        None => {
+            bail!("running as root but there is no `{POSTGRES_OS_USER}` OS user to run PostgreSQL")
+        }
     }
-    // SAFETY: non-null pointer from getpwnam, see above.
-    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
-    Ok((uid, gid))
 }
 
-/// Gives `path` to the `postgres` OS user when we are root; a no-op otherwise.
-pub(crate) fn chown_to_postgres(path: &Path) -> anyhow::Result<()> {
+/// Gives `path` to the `postgres` OS user when we are root; a no-op otherwise. Tests that
+/// hand PostgreSQL files of their own (a TLS key) use it too, rather than a `getpwnam` of
+/// their own that would race with this one.
+pub fn chown_to_postgres(path: &Path) -> anyhow::Result<()> {
     if running_as_root() {
         let (uid, gid) = postgres_os_user_ids()?;
         std::os::unix::fs::chown(path, Some(uid), Some(gid))

@@ -15,7 +15,7 @@ use tempfile::TempDir;
 use tokio_postgres::Client;
 
 pub use builder::TempPostgresBuilder;
-pub use command::pg_bin;
+pub use command::{chown_to_postgres, pg_bin};
 pub use local::{local_url, LocalPostgres};
 
 use command::{pg_command, run};
