@@ -545,62 +545,50 @@ fn not_utf8_name(frame: &Frame, expect: Expect, link: &mut Link<'_>, out: &mut B
 /// statement after it.
 #[cold]
 fn not_utf8_parse(msg: &Parse, link: &mut Link<'_>, out: &mut BytesMut) {
-    let (checked, param_types) = match text(&msg.name) {
-        Ok(_) => (msg.query.to_vec(), msg.param_types.clone()),
-        Err(_) => {
-            let name = msg.name.iter().map(|&b| match b {
-                b'\n' | b'\r' => b' ',
-                b => b,
-            });
-            (b"-- ".iter().copied().chain(name).collect(), Vec::new())
-        }
-    };
-    let mut parse = BytesMut::new();
-    Parse {
-        name: Bytes::new(),
-        query: Bytes::from(checked),
-        param_types,
+    match text(&msg.name) {
+        Ok(_) => probe_unreadable(msg.query.clone(), msg.param_types.clone(), link, out),
+        Err(_) => probe_unreadable(as_comment(&msg.name), Vec::new(), link, out),
     }
-    .encode(&mut parse);
-    out.extend_from_slice(&parse);
-    let mut entry = Entry::swallow(Expect::Parse);
-    entry.unnamed = Some(unreadable_probe_undo(link));
-    link.server.unnamed = Some(OWN_UNNAMED);
-    link.queue.push_back(entry);
     emit_refusal(&not_utf8(), link, out);
 }
 
 /// A Bind's portal name that is not UTF-8: PostgreSQL reads it before anything else in the
 /// Bind and fails a UTF-8 client's with 22021, ahead of any check pgmemo makes itself (an
-/// unknown statement, a wrong parameter count). The server reads the same bytes first, as a
-/// comment in a Parse of the unnamed statement (answer swallowed): that fails as the Bind
-/// would and skips the batch, or passes in another client_encoding, where the Bind goes on.
+/// unknown statement, a wrong parameter count). The server reads the same bytes first (see
+/// [`probe_unreadable`]): that fails as the Bind would and skips the batch, or passes in
+/// another client_encoding, where the Bind goes on.
 #[cold]
 fn probe_portal_name(portal: &[u8], link: &mut Link<'_>, out: &mut BytesMut) {
-    let comment = portal.iter().map(|&b| match b {
-        b'\n' | b'\r' => b' ',
-        b => b,
-    });
+    probe_unreadable(as_comment(portal), Vec::new(), link, out);
+}
+
+/// Sends `query`, bytes that may not be valid in the client's encoding, as pgmemo's own Parse
+/// of the unnamed statement (answer swallowed), so that the server reads them as PostgreSQL
+/// would have read the client's message. When it refuses them while reading (22021), it keeps
+/// the unnamed statement it had, which a Bind of the unnamed statement would otherwise find
+/// (seed 60 of the damaged-messages fuzzer): the undo says so (`UnnamedUndo::unreadable`).
+fn probe_unreadable(query: Bytes, param_types: Vec<u32>, link: &mut Link<'_>, out: &mut BytesMut) {
     Parse {
         name: Bytes::new(),
-        query: b"-- ".iter().copied().chain(comment).collect(),
-        param_types: Vec::new(),
+        query,
+        param_types,
     }
     .encode(out);
+    let mut undo = link.unnamed_undo(false);
+    undo.unreadable = true;
     let mut entry = Entry::swallow(Expect::Parse);
-    entry.unnamed = Some(unreadable_probe_undo(link));
+    entry.unnamed = Some(undo);
     link.server.unnamed = Some(OWN_UNNAMED);
     link.queue.push_back(entry);
 }
 
-/// The undo of pgmemo's own Parse of the unnamed statement made of bytes that are not UTF-8
-/// (`not_utf8_parse`, `probe_portal_name`): when PostgreSQL refuses them while reading the
-/// message (22021), the server keeps the unnamed statement it had, which a Bind of the
-/// unnamed statement would otherwise find (seed 60 of the damaged-messages fuzzer).
-fn unreadable_probe_undo(link: &Link<'_>) -> Box<super::link::UnnamedUndo> {
-    let mut undo = link.unnamed_undo(false);
-    undo.unreadable = true;
-    undo
+/// `bytes` as the text of an SQL comment: line breaks, which would end it, become blanks.
+fn as_comment(bytes: &[u8]) -> Bytes {
+    let line = bytes.iter().map(|&b| match b {
+        b'\n' | b'\r' => b' ',
+        b => b,
+    });
+    b"-- ".iter().copied().chain(line).collect()
 }
 
 fn text(bytes: &[u8]) -> Result<&str, WireError> {
@@ -1012,10 +1000,8 @@ fn parse(
             .server
             .statements
             .insert(statement.clone(), link.max_prepared);
-        if !evicted.is_empty() {
-            let drops: Vec<ServerPrep> = evicted.into_iter().map(ServerPrep::Drop).collect();
-            emit_prep(&drops, true, link, out);
-        }
+        let drops: Vec<ServerPrep> = evicted.into_iter().map(ServerPrep::Drop).collect();
+        emit_prep(&drops, true, link, out);
     }
     let StatementSource::Parse(create) = &statement.create else {
         unreachable!("protocol-level statements are created with Parse")
