@@ -1086,6 +1086,74 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_keeps_that_reading(
     same_through_evicting(&direct, &steps).await;
 }
 
+/// A statement two clients share on a server is analysed there again under the settings in
+/// force when it runs after another client ran it under another `search_path`, or after DDL
+/// (`CREATE SCHEMA`) when it was prepared before: a client whose TimeZone moved since its
+/// `PREPARE` (or Parse) runs a copy of its own, prepared under the settings of its `PREPARE`,
+/// and reads `'2020-01-01 12:00'::timestamptz` as noon UTC, as its own statement in
+/// PostgreSQL does (differential seed 16671). SQL-level and protocol-level. Not after a
+/// `search_path` change: PostgreSQL analyses its own statement again then, keeping the
+/// parameter types its first analysis resolved, and so does the server with the shared one
+/// (`tz_f(integer)` is missing, not `tz_f(unknown)`; differential seed 16798 showed the
+/// latter in a long run when a copy was made then, which this script alone does not).
+#[tokio::test]
+async fn a_shared_statement_keeps_its_reading_for_a_client_whose_settings_moved() {
+    use Who::{A, B};
+    let q = |who, sql: &str| (who, vec![msg::query(sql)]);
+    let run = |who, name: &str| (who, exec(name, &[]));
+    let noon = "SELECT '2020-01-01 12:00'::timestamptz AS t";
+    let prepare = format!("PREPARE q3 AS {noon}");
+    let parse = |who| (who, vec![msg::parse("s1", noon, &[]), msg::sync()]);
+    let steps = vec![
+        q(
+            A,
+            "CREATE OR REPLACE FUNCTION tz_f(int) RETURNS int LANGUAGE sql AS 'SELECT $1'",
+        ),
+        q(A, "SET TimeZone = 'UTC'"),
+        q(B, "SET TimeZone = 'UTC'"),
+        // Shared, then analysed again under B's search_path.
+        q(A, &prepare),
+        q(B, &prepare),
+        parse(A),
+        parse(B),
+        q(B, "SET search_path = information_schema, public"),
+        q(B, "EXECUTE q3"),
+        run(B, "s1"),
+        q(A, "SET TimeZone = 'Europe/Paris'"),
+        q(A, "EXECUTE q3"),
+        run(A, "s1"),
+        // Shared with a statement prepared before DDL.
+        q(A, "DEALLOCATE ALL"),
+        q(A, "SET TimeZone = 'UTC'"),
+        q(B, "RESET search_path"),
+        q(B, "EXECUTE q3"),
+        run(B, "s1"),
+        q(B, "CREATE SCHEMA tz_reading; DROP SCHEMA tz_reading"),
+        q(A, &prepare),
+        parse(A),
+        q(A, "SET TimeZone = 'Europe/Paris'"),
+        q(A, "EXECUTE q3"),
+        run(A, "s1"),
+        // A parameter type resolved by the first analysis.
+        (
+            B,
+            vec![msg::parse("s9", "SELECT tz_f($1) AS f", &[]), msg::sync()],
+        ),
+        (B, exec("s9", &[Some("1")])),
+        q(B, "SET search_path = pg_catalog"),
+        (B, exec("s9", &[Some("4")])),
+    ];
+    let pg = quiet_cluster().await;
+    let direct = same_as_postgres_at(pg.port(), 1, &steps).await;
+    let noon_utc = "DataRow [2020-01-01 13:00:00+01]";
+    for step in ["11 A| ", "12 A| ", "22 A| ", "23 A| "] {
+        assert!(shows(&direct, step, noon_utc), "{step}: {direct:#?}");
+    }
+    let resolved = "function tz_f(integer) does not exist";
+    assert!(shows(&direct, "27 B| ", resolved), "{direct:#?}");
+    same_through_evicting_at(pg.port(), &direct, &steps).await;
+}
+
 /// Settings that change how PostgreSQL reads a statement when it prepares it, each with a
 /// statement whose answer shows the reading and the row it gives under the changed value:
 /// one the server reports (`TimeZone`) and one it does not (`transform_null_equals`).

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::hash::Map;
 
@@ -52,6 +52,9 @@ pub struct PreparedStatement {
     /// under, when its ParseComplete showed nothing had moved them (a `SET` pipelined ahead
     /// had committed by then). Preparing it again elsewhere then keeps that reading.
     settled_under: OnceLock<Arc<str>>,
+    /// Handed to every client that prepares `key` (`StatementRegistry::get_or_register`), not
+    /// made for one client alone (`register_unshared`, `own_copy`).
+    pub shared: bool,
 }
 
 impl PreparedStatement {
@@ -60,6 +63,26 @@ impl PreparedStatement {
     /// ([`Self::settle_under`]).
     pub fn read_under(&self) -> &str {
         self.settled_under.get().unwrap_or(&self.key.settings)
+    }
+
+    /// Whether a client whose analysis settings are `parse_digest` (its
+    /// `ClientSettings::parse_digest`) must run a copy of its own instead of this statement.
+    ///
+    /// A server analyses a statement again under the settings in force when it runs it after
+    /// DDL invalidated it, or when it runs under another `search_path` than it was last
+    /// analysed under, which another client sharing the statement may have done. Run by a
+    /// client whose settings moved since it prepared it (`SET TimeZone`), such a server's
+    /// statement would read its literals (`'2020-01-01 12:00'::timestamptz`) under the new
+    /// settings where PostgreSQL's own statement of the client keeps its first reading. A
+    /// shared statement is therefore run only under the settings it was registered for, or
+    /// under another `search_path`: PostgreSQL then analyses the client's own statement again
+    /// under the settings in force too, keeping the parameter types its first analysis
+    /// resolved, as the server does with the shared one (a copy prepared anew would resolve
+    /// them again).
+    pub fn drifted_from(&self, parse_digest: &Arc<str>) -> bool {
+        self.shared
+            && self.key.settings != *parse_digest
+            && super::settings::same_search_path(&self.key.settings, parse_digest)
     }
 
     /// Records that the server read the statement under `parse_digest` (the first record
@@ -76,6 +99,29 @@ pub enum StatementSource {
     Parse(Bytes),
     /// `PREPARE pgmemo_<id> (types) AS ...`.
     Sql(String),
+}
+
+impl StatementSource {
+    /// The same statement created under the server-side name `to` in place of `from`.
+    fn renamed(&self, from: &str, to: &str) -> StatementSource {
+        match self {
+            StatementSource::Parse(message) => {
+                // Tag, length, the name and its terminator, then the rest as it was.
+                let rest = &message[5 + from.len()..];
+                let mut renamed = BytesMut::with_capacity(5 + to.len() + rest.len());
+                renamed.put_u8(message[0]);
+                renamed.put_u32((4 + to.len() + rest.len()) as u32);
+                renamed.put_slice(to.as_bytes());
+                renamed.put_slice(rest);
+                StatementSource::Parse(renamed.freeze())
+            }
+            StatementSource::Sql(sql) => {
+                let prefix = format!("PREPARE {from}");
+                let rest = sql.strip_prefix(&prefix).unwrap_or_default();
+                StatementSource::Sql(format!("PREPARE {to}{rest}"))
+            }
+        }
+    }
 }
 
 /// The process-wide registry. Entries are weak: a statement no client maps and no server has
@@ -100,7 +146,7 @@ impl StatementRegistry {
         if let Some(live) = map.get(&key).and_then(Weak::upgrade) {
             return live;
         }
-        let statement = self.new_statement(key.clone(), create);
+        let statement = self.new_statement(key.clone(), create, true);
         map.insert(key, Arc::downgrade(&statement));
         let swept = self.swept_at.load(Ordering::Relaxed).max(1024);
         if map.len() as u64 > 2 * swept {
@@ -119,7 +165,21 @@ impl StatementRegistry {
         key: StatementKey,
         create: impl FnOnce(&str) -> StatementSource,
     ) -> Arc<PreparedStatement> {
-        self.new_statement(key, create)
+        self.new_statement(key, create, false)
+    }
+
+    /// A copy of `statement` for one client alone, under a new server-side name: see
+    /// [`PreparedStatement::drifted_from`]. It keeps the settings the statement was
+    /// registered for, under which a server that lacks it prepares it.
+    pub fn own_copy(&self, statement: &PreparedStatement) -> Arc<PreparedStatement> {
+        let copy = self.new_statement(
+            statement.key.clone(),
+            |name| statement.create.renamed(&statement.name, name),
+            false,
+        );
+        let validated = statement.validated.load(Ordering::Relaxed);
+        copy.validated.store(validated, Ordering::Relaxed);
+        copy
     }
 
     /// A statement with the next id and its name, `pgmemo_<id>`.
@@ -127,6 +187,7 @@ impl StatementRegistry {
         &self,
         key: StatementKey,
         create: impl FnOnce(&str) -> StatementSource,
+        shared: bool,
     ) -> Arc<PreparedStatement> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let name = format!("pgmemo_{id}");
@@ -137,6 +198,7 @@ impl StatementRegistry {
             key,
             validated: Default::default(),
             settled_under: OnceLock::new(),
+            shared,
         })
     }
 
@@ -307,6 +369,46 @@ mod tests {
 
     fn sql(name: &str) -> StatementSource {
         StatementSource::Sql(format!("PREPARE {name} AS SELECT 1"))
+    }
+
+    #[test]
+    fn a_copy_is_its_own_under_a_new_name_and_never_drifts() {
+        let registry = StatementRegistry::default();
+        let shared = registry.get_or_register(key("SELECT 1"), sql);
+        let utc: Arc<str> = Arc::from("");
+        let paris: Arc<str> = Arc::from("8:timezone12:Europe/Paris");
+        let other_path: Arc<str> = Arc::from("11:search_path6:public");
+        assert!(!shared.drifted_from(&utc));
+        assert!(shared.drifted_from(&paris));
+        assert!(
+            !shared.drifted_from(&other_path),
+            "PostgreSQL analyses its own again"
+        );
+        let copy = registry.own_copy(&shared);
+        assert_ne!(copy.id, shared.id);
+        assert_eq!(copy.key, shared.key);
+        assert!(!copy.drifted_from(&paris), "a copy is the client's own");
+        let StatementSource::Sql(create) = &copy.create else {
+            panic!("a copy is created as the original was");
+        };
+        assert_eq!(create, &format!("PREPARE {} AS SELECT 1", copy.name));
+        // The registry still hands out the shared statement for its key.
+        assert_eq!(registry.get_or_register(key("SELECT 1"), sql).id, shared.id);
+        // A Parse message: the name replaced, the text and parameter types kept.
+        let parse = |name: &str| {
+            let mut m = BytesMut::new();
+            let body = [name.as_bytes(), b"\0SELECT $1\0\0\x01\0\0\0\x17"].concat();
+            m.put_u8(b'P');
+            m.put_u32(4 + body.len() as u32);
+            m.put_slice(&body);
+            StatementSource::Parse(m.freeze())
+        };
+        let protocol = registry.get_or_register(key("SELECT $1"), parse);
+        let copy = registry.own_copy(&protocol);
+        match (&copy.create, parse(&copy.name)) {
+            (StatementSource::Parse(a), StatementSource::Parse(b)) => assert_eq!(a, &b),
+            _ => panic!("a copy of a Parse is a Parse"),
+        }
     }
 
     #[test]

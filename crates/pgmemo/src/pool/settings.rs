@@ -362,6 +362,19 @@ fn in_block(name: &str, replay: Option<&str>) -> String {
     }
 }
 
+/// Whether two parse digests (`ClientSettings::parse_digest`) hold the same `search_path`;
+/// `false` when either cannot be read.
+pub fn same_search_path(a: &str, b: &str) -> bool {
+    let path = |digest| {
+        digest_entries(digest)
+            .map(|entries| entries.into_iter().find(|(name, _)| *name == "search_path"))
+    };
+    match (path(a), path(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
 /// The `(name, replay)` pairs of a digest written by `ClientSettings::digest_of`.
 fn digest_entries(mut digest: &str) -> Option<Vec<(&str, &str)>> {
     fn counted(s: &str) -> Option<(&str, &str)> {

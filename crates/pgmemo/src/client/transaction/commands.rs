@@ -11,7 +11,7 @@ use std::sync::Arc;
 use sql::{SetCommand, SetValue, StatementInfo, StatementKind};
 use wire::ErrorResponse;
 
-use crate::hash::Map;
+use super::link::ClientState;
 use crate::pool::settings::{
     quote_literal, set_raw_in_block, set_sql, ClientSettings, SettingChange, TrackedChange,
     UNKNOWN_PARSE_SETTINGS,
@@ -170,13 +170,12 @@ pub enum Plan {
 /// The state a plan reads and changes.
 pub struct Planner<'a> {
     pub registry: &'a StatementRegistry,
-    pub client: &'a mut Map<String, Arc<PreparedStatement>>,
+    /// The client's names and settings: its startup values are what `RESET` returns to.
+    pub state: &'a mut ClientState,
     pub server: &'a mut ServerStatements,
     pub max_prepared: usize,
     /// The client is inside a transaction block.
     pub in_block: bool,
-    /// The client's settings: its startup values are what `RESET` returns to.
-    pub startup: &'a ClientSettings,
     /// The settings the server analyses statements under may differ from `startup`'s
     /// records: the client's open transaction changed some (committed only at its end), or
     /// an earlier statement of the text being planned did. A `PREPARE` then gets a statement
@@ -198,7 +197,7 @@ impl Planner<'_> {
         else {
             return None;
         };
-        if !self.client.contains_key(name) {
+        if !self.state.statements.contains_key(name) {
             return None;
         }
         let types = if param_types.is_empty() {
@@ -284,7 +283,9 @@ impl Planner<'_> {
             }
             self.settings_changed |= outcome.effect.changes_settings();
             if outcome.effect.changes_settings() {
-                let now = at_use.take().unwrap_or_else(|| Some(self.startup.clone()));
+                let now = at_use
+                    .take()
+                    .unwrap_or_else(|| Some(self.state.settings.clone()));
                 at_use = Some(match (&outcome.effect, now) {
                     (Effect::Setting(c), Some(s)) if c.real => Some(s.after(&c.change)),
                     _ => None,
@@ -305,6 +306,22 @@ impl Planner<'_> {
             prep,
             raises,
         }
+    }
+
+    /// The client's statement `name` for an `EXECUTE`: a copy of its own when its settings
+    /// moved since it prepared a shared one (`ClientState::own_copy_of`), unless planning
+    /// cannot tell the settings the server analyses under.
+    fn statement_to_run(&mut self, name: &str) -> Result<Arc<PreparedStatement>, ErrorResponse> {
+        let statement = self
+            .state
+            .statements
+            .get(name)
+            .ok_or_else(|| missing(name))?;
+        let statement = Arc::clone(statement);
+        if self.settings_changed || !statement.drifted_from(self.state.settings.parse_digest()) {
+            return Ok(statement);
+        }
+        Ok(self.state.own_copy_of(name, &statement, self.registry))
     }
 
     fn ensure(&mut self, statement: &Arc<PreparedStatement>, prep: &mut Vec<ServerPrep>) {
@@ -337,7 +354,7 @@ impl Planner<'_> {
             return self.wrapped_execute(stmt, executes, prep);
         }
         match &stmt.kind {
-            StatementKind::Set(set) => Ok(match reset_to_startup(set, self.startup) {
+            StatementKind::Set(set) => Ok(match reset_to_startup(set, &self.state.settings) {
                 Some(rewritten) => rewritten,
                 None => (setting(set)?, None),
             }),
@@ -346,7 +363,7 @@ impl Planner<'_> {
                 param_types,
                 statement,
             } => {
-                if self.client.contains_key(name) {
+                if self.state.statements.contains_key(name) {
                     return Err(ErrorResponse::error(
                         DUPLICATE_PSTATEMENT,
                         format!("prepared statement \"{name}\" already exists"),
@@ -358,7 +375,7 @@ impl Planner<'_> {
                     settings: if self.settings_changed {
                         Arc::from(UNKNOWN_PARSE_SETTINGS)
                     } else {
-                        self.startup.parse_digest().clone()
+                        self.state.settings.parse_digest().clone()
                     },
                 };
                 let types = if param_types.is_empty() {
@@ -377,7 +394,7 @@ impl Planner<'_> {
                 } else {
                     self.registry.get_or_register(key, create)
                 };
-                self.client.insert(name.clone(), prepared.clone());
+                self.state.statements.insert(name.clone(), prepared.clone());
                 if self.server.touch(&prepared) {
                     return Ok((
                         Outcome {
@@ -414,11 +431,7 @@ impl Planner<'_> {
                 ))
             }
             StatementKind::Execute { name, params } => {
-                let prepared = self
-                    .client
-                    .get(name)
-                    .cloned()
-                    .ok_or_else(|| missing(name))?;
+                let prepared = self.statement_to_run(name)?;
                 self.ensure(&prepared, prep);
                 let args = if params.is_empty() {
                     String::new()
@@ -431,11 +444,17 @@ impl Planner<'_> {
                 ))
             }
             StatementKind::Deallocate { name: Some(name) } => {
-                let statement = self.client.remove(name).ok_or_else(|| missing(name))?;
+                let statement = self
+                    .state
+                    .statements
+                    .remove(name)
+                    .ok_or_else(|| missing(name))?;
                 dropped(vec![(name.clone(), statement)], "DEALLOCATE")
             }
             StatementKind::Deallocate { name: None } => {
-                let all = std::mem::take(self.client).into_iter().collect();
+                let all = std::mem::take(&mut self.state.statements)
+                    .into_iter()
+                    .collect();
                 dropped(all, DEALLOCATE_ALL)
             }
             StatementKind::Discard(sql::DiscardKind::All) => {
@@ -448,7 +467,9 @@ impl Planner<'_> {
                 Ok((
                     Outcome {
                         effect: Effect::Discarded {
-                            statements: std::mem::take(self.client).into_iter().collect(),
+                            statements: std::mem::take(&mut self.state.statements)
+                                .into_iter()
+                                .collect(),
                             reset: TrackedChange {
                                 change: SettingChange::ResetAll,
                                 real: false,
@@ -497,11 +518,7 @@ impl Planner<'_> {
         executes: &sql::ExecuteRef,
         prep: &mut Vec<ServerPrep>,
     ) -> Result<(Outcome, Option<String>), ErrorResponse> {
-        let prepared = self
-            .client
-            .get(&executes.name)
-            .cloned()
-            .ok_or_else(|| missing(&executes.name))?;
+        let prepared = self.statement_to_run(&executes.name)?;
         let name = executes
             .name_range
             .as_ref()

@@ -16,7 +16,7 @@ use super::plain::Plain;
 use crate::cache::plan::Effects;
 use crate::hash::Map;
 use crate::pool::settings::{ClientSettings, TrackedChange};
-use crate::pool::{PreparedStatement, ServerSession};
+use crate::pool::{PreparedStatement, ServerSession, StatementRegistry};
 
 /// A client's unnamed statement: the Parse to send again to a server that does not hold it.
 #[derive(Clone)]
@@ -123,6 +123,35 @@ impl ClientState {
     pub fn note_row_shape(&mut self, statement: &PreparedStatement, shape: u64) {
         forget_unnamed_ids(&mut self.row_shapes, &self.statements);
         self.row_shapes.insert(statement.id, shape);
+    }
+
+    /// Puts a copy of its own in place of the client's statement `name`, the shared
+    /// `statement` registered under analysis settings the client's have moved from
+    /// ([`PreparedStatement::drifted_from`]); what the client learnt of the statement holds
+    /// for the copy.
+    pub fn own_copy_of(
+        &mut self,
+        name: &str,
+        statement: &Arc<PreparedStatement>,
+        registry: &StatementRegistry,
+    ) -> Arc<PreparedStatement> {
+        let copy = registry.own_copy(statement);
+        self.statements.insert(name.to_owned(), Arc::clone(&copy));
+        // Copied, not moved: another of the client's names may stand for the old statement.
+        if let Some(d) = self.described.get(&statement.id) {
+            let (parameters, rows) = (d.parameters.clone(), d.rows);
+            self.described
+                .insert(copy.id, Described { parameters, rows });
+        }
+        if let Some(&shape) = self.row_shapes.get(&statement.id) {
+            self.row_shapes.insert(copy.id, shape);
+        }
+        if let Some((recorded, _)) = self.effects.get_mut(name) {
+            if Arc::ptr_eq(recorded, statement) {
+                *recorded = Arc::clone(&copy);
+            }
+        }
+        copy
     }
 
     /// Notes `name` for reading back after the transaction (`verify`), once.

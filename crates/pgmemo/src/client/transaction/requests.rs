@@ -74,7 +74,7 @@ pub fn translate(
         }
         frontend::tag::BIND => {
             batch_start(link, out);
-            match bind(&frame, link, out) {
+            match bind(&frame, link, registry, out) {
                 Ok(()) => Ok(false),
                 Err(e) => malformed(e, &frame, link, out),
             }
@@ -102,6 +102,9 @@ pub fn translate(
                     let Ok(name) = text(name) else {
                         return Ok(not_utf8_name(&frame, Expect::DescribeStatement, link, out));
                     };
+                    // The statement the Describe is to run, before what the client was told
+                    // of it is looked up.
+                    statement_to_run(name, link, registry);
                     let recorded = recorded_description(name, link);
                     if let Some(Described {
                         parameters,
@@ -118,7 +121,7 @@ pub fn translate(
                     let parameters = recorded
                         .filter(|d| d.rows == Some(true) && !link.may_be_aborted())
                         .map(|d| d.parameters);
-                    let Some(statement) = statement_for_use(name, None, link, out) else {
+                    let Some(statement) = statement_for_use(name, None, link, registry, out) else {
                         return Ok(false);
                     };
                     if let (Some(parameters), Some(statement)) = (parameters, &statement) {
@@ -634,10 +637,9 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
     Planner {
         registry,
         in_block: link.client.status != wire::backend::TransactionStatus::Idle,
-        client: &mut link.client.statements,
+        state: &mut *link.client,
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
-        startup: &link.client.settings,
         settings_changed,
     }
 }
@@ -1031,7 +1033,12 @@ fn learn_types(statement: Arc<PreparedStatement>, link: &mut Link<'_>, out: &mut
     link.queue.push_back(entry);
 }
 
-fn bind(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), WireError> {
+fn bind(
+    frame: &Frame,
+    link: &mut Link<'_>,
+    registry: &StatementRegistry,
+    out: &mut BytesMut,
+) -> Result<(), WireError> {
     let body = frame.body();
     let portal_end = body
         .iter()
@@ -1056,7 +1063,8 @@ fn bind(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<(), Wi
         emit_refusal_frame(shape::changed_error(), link, out);
         return Ok(());
     }
-    let Some(statement) = statement_for_use(name, Some(&rest[stmt_end + 1..]), link, out) else {
+    let tail = Some(&rest[stmt_end + 1..]);
+    let Some(statement) = statement_for_use(name, tail, link, registry, out) else {
         return Ok(());
     };
     if let Some(statement) = &statement {
@@ -1341,6 +1349,7 @@ fn statement_for_use(
     name: &str,
     bind: Option<&[u8]>,
     link: &mut Link<'_>,
+    registry: &StatementRegistry,
     out: &mut BytesMut,
 ) -> Option<Option<Arc<PreparedStatement>>> {
     if name.is_empty() {
@@ -1351,7 +1360,7 @@ fn statement_for_use(
         restore_unnamed(link, out);
         return Some(None);
     }
-    let Some(statement) = link.client.statements.get(name).cloned() else {
+    let Some(statement) = statement_to_run(name, link, registry) else {
         emit_missing(name, link, out);
         return None;
     };
@@ -1363,6 +1372,22 @@ fn statement_for_use(
     }
     ensure(&statement, link, out);
     Some(Some(statement))
+}
+
+/// The client's statement `name`, to be bound or described now: a copy of its own when its
+/// analysis settings moved since it registered a shared one (`ClientState::own_copy_of`), not
+/// while pgmemo cannot tell the settings the server analyses under.
+fn statement_to_run(
+    name: &str,
+    link: &mut Link<'_>,
+    registry: &StatementRegistry,
+) -> Option<Arc<PreparedStatement>> {
+    let statement = link.client.statements.get(name)?;
+    if !statement.drifted_from(link.client.settings.parse_digest()) || link.settings_unsettled() {
+        return Some(Arc::clone(statement));
+    }
+    let statement = Arc::clone(statement);
+    Some(link.client.own_copy_of(name, &statement, registry))
 }
 
 /// What PostgreSQL would describe the client's statement `name` as without analysing it
