@@ -9,7 +9,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
+use wire::frontend::Parse;
 
 use crate::hash::Map;
 
@@ -106,13 +107,11 @@ impl StatementSource {
     fn renamed(&self, from: &str, to: &str) -> StatementSource {
         match self {
             StatementSource::Parse(message) => {
-                // Tag, length, the name and its terminator, then the rest as it was.
-                let rest = &message[5 + from.len()..];
-                let mut renamed = BytesMut::with_capacity(5 + to.len() + rest.len());
-                renamed.put_u8(message[0]);
-                renamed.put_u32((4 + to.len() + rest.len()) as u32);
-                renamed.put_slice(to.as_bytes());
-                renamed.put_slice(rest);
+                let mut parse = Parse::decode(message.slice(5..))
+                    .expect("a statement's Parse is one pgmemo encoded");
+                parse.name = Bytes::copy_from_slice(to.as_bytes());
+                let mut renamed = BytesMut::new();
+                parse.encode(&mut renamed);
                 StatementSource::Parse(renamed.freeze())
             }
             StatementSource::Sql(sql) => {
@@ -397,10 +396,12 @@ mod tests {
         // A Parse message: the name replaced, the text and parameter types kept.
         let parse = |name: &str| {
             let mut m = BytesMut::new();
-            let body = [name.as_bytes(), b"\0SELECT $1\0\0\x01\0\0\0\x17"].concat();
-            m.put_u8(b'P');
-            m.put_u32(4 + body.len() as u32);
-            m.put_slice(&body);
+            Parse {
+                name: Bytes::copy_from_slice(name.as_bytes()),
+                query: Bytes::from_static(b"SELECT $1"),
+                param_types: vec![23],
+            }
+            .encode(&mut m);
             StatementSource::Parse(m.freeze())
         };
         let protocol = registry.get_or_register(key("SELECT $1"), parse);
