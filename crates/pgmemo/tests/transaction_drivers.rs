@@ -1154,6 +1154,51 @@ async fn a_shared_statement_keeps_its_reading_for_a_client_whose_settings_moved(
     same_through_evicting_at(pg.port(), &direct, &steps).await;
 }
 
+/// What a client learnt of a shared statement when it described it goes with the copy it
+/// gets after its settings moved (`ClientState::own_copy_of`): the copy is prepared with the
+/// parameter types the first analysis resolved (`cf(integer)`), not read afresh from the
+/// Parse, which after `cf(text)` appeared would resolve `cf(unknown)` to the new function.
+#[tokio::test]
+async fn a_copy_of_a_shared_statement_keeps_what_the_client_learnt_of_it() {
+    use Who::{A, B};
+    let q = |who, sql: &str| (who, vec![msg::query(sql)]);
+    let function = |arg: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION cf({arg}) RETURNS text LANGUAGE sql AS 'SELECT ''{arg}'''"
+        )
+    };
+    let parse = |who| {
+        (
+            who,
+            vec![msg::parse("s1", "SELECT cf($1) AS f", &[]), msg::sync()],
+        )
+    };
+    let describe = |who| (who, vec![msg::describe(b'S', "s1"), msg::sync()]);
+    let steps = vec![
+        q(A, "DROP FUNCTION IF EXISTS cf(text)"),
+        q(A, &function("int")),
+        q(A, "SET TimeZone = 'UTC'"),
+        q(B, "SET TimeZone = 'UTC'"),
+        parse(A),
+        describe(A),
+        parse(B),
+        q(A, &function("text")),
+        q(A, "SET TimeZone = 'Europe/Paris'"),
+        describe(A),
+        (A, exec("s1", &[Some("7")])),
+        q(A, "DROP FUNCTION cf(text)"),
+    ];
+    let pg = quiet_cluster().await;
+    let direct = same_as_postgres_at(pg.port(), 1, &steps).await;
+    for line in [" 9 A| ParameterDescription [23]", "10 A| DataRow [int]"] {
+        assert!(
+            direct.iter().any(|l| l.starts_with(line)),
+            "{line}: {direct:#?}"
+        );
+    }
+    same_through_evicting_at(pg.port(), &direct, &steps).await;
+}
+
 /// Settings that change how PostgreSQL reads a statement when it prepares it, each with a
 /// statement whose answer shows the reading and the row it gives under the changed value:
 /// one the server reports (`TimeZone`) and one it does not (`transform_null_equals`).
