@@ -1091,7 +1091,9 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_keeps_that_reading(
 /// (`CREATE SCHEMA`) when it was prepared before: a client whose TimeZone moved since its
 /// `PREPARE` (or Parse) runs a copy of its own, prepared under the settings of its `PREPARE`,
 /// and reads `'2020-01-01 12:00'::timestamptz` as noon UTC, as its own statement in
-/// PostgreSQL does (differential seed 16671). SQL-level and protocol-level. Not after a
+/// PostgreSQL does (differential seed 16671). SQL-level and protocol-level, and behind a
+/// change earlier in the same Query (seed 17223: `set_config`, whose answer alone tells
+/// what it set, and `SET`, which pgmemo follows). Not after a
 /// `search_path` change: PostgreSQL analyses its own statement again then, keeping the
 /// parameter types its first analysis resolved, and so does the server with the shared one
 /// (`tz_f(integer)` is missing, not `tz_f(unknown)`; differential seed 16798 showed the
@@ -1142,11 +1144,25 @@ async fn a_shared_statement_keeps_its_reading_for_a_client_whose_settings_moved(
         (B, exec("s9", &[Some("1")])),
         q(B, "SET search_path = pg_catalog"),
         (B, exec("s9", &[Some("4")])),
+        // Behind a change earlier in the same Query, which pgmemo learns of only from its
+        // answer (`set_config`, differential seed 17223) or follows (`SET`).
+        q(A, "SET TimeZone = 'UTC'"),
+        q(B, "RESET search_path"),
+        q(B, &format!("PREPARE q5 AS {noon}")),
+        q(B, "EXECUTE q5"),
+        q(B, "CREATE SCHEMA tz_reading; DROP SCHEMA tz_reading"),
+        q(A, &format!("PREPARE q5 AS {noon}; PREPARE q6 AS {noon}")),
+        q(
+            A,
+            "SELECT set_config('TimeZone', 'Europe/Paris', false); EXECUTE q5",
+        ),
+        q(A, "SET TimeZone = 'UTC'"),
+        q(A, "SET TimeZone = 'Europe/Paris'; EXECUTE q6"),
     ];
     let pg = quiet_cluster().await;
     let direct = same_as_postgres_at(pg.port(), 1, &steps).await;
     let noon_utc = "DataRow [2020-01-01 13:00:00+01]";
-    for step in ["11 A| ", "12 A| ", "22 A| ", "23 A| "] {
+    for step in ["11 A| ", "12 A| ", "22 A| ", "23 A| ", "34 A| ", "36 A| "] {
         assert!(shows(&direct, step, noon_utc), "{step}: {direct:#?}");
     }
     let resolved = "function tz_f(integer) does not exist";

@@ -13,7 +13,7 @@ use wire::ErrorResponse;
 
 use super::link::ClientState;
 use crate::pool::settings::{
-    quote_literal, set_raw_in_block, set_sql, ClientSettings, SettingChange, TrackedChange,
+    self, quote_literal, set_raw_in_block, set_sql, ClientSettings, SettingChange, TrackedChange,
     UNKNOWN_PARSE_SETTINGS,
 };
 use crate::pool::{
@@ -176,11 +176,58 @@ pub struct Planner<'a> {
     pub max_prepared: usize,
     /// The client is inside a transaction block.
     pub in_block: bool,
-    /// The settings the server analyses statements under may differ from `startup`'s
-    /// records: the client's open transaction changed some (committed only at its end), or
-    /// an earlier statement of the text being planned did. A `PREPARE` then gets a statement
-    /// of its own (`StatementRegistry::register_unshared`).
+    /// The settings the server analyses statements under may differ from the client's
+    /// records before the text: its open transaction changed some (committed only at its
+    /// end), or a statement pipelined ahead whose answer has not come (`Link::settings_unsettled`).
     pub settings_changed: bool,
+    /// What the statements of the text planned so far did to the settings the next one runs
+    /// under ([`Self::plan`] keeps it; start with the default).
+    pub at_use: SettingsAtUse,
+}
+
+/// The settings the next statement of a text runs under, as far as the statements before it
+/// in the same text tell: an `EXECUTE` behind a `set_config` in one Query runs under settings
+/// pgmemo learns only from the answer.
+#[derive(Debug, Default)]
+pub enum SettingsAtUse {
+    /// No statement before it changed them.
+    #[default]
+    Committed,
+    /// Changed by statements pgmemo follows (`SET`): these.
+    Followed(ClientSettings),
+    /// Changed in a way pgmemo cannot follow. `same_search_path`: `search_path` is not among
+    /// what changed (every such statement named the settings it sets, and none was it).
+    Unfollowed { same_search_path: bool },
+}
+
+impl SettingsAtUse {
+    /// The settings after a statement with `effect`, one that changes settings, ran under
+    /// `self`; `committed`: the client's settings before the text.
+    fn after(self, effect: &Effect, committed: &ClientSettings) -> SettingsAtUse {
+        let path_kept = match &self {
+            SettingsAtUse::Committed => true,
+            SettingsAtUse::Followed(settings) => {
+                settings::same_search_path(settings.parse_digest(), committed.parse_digest())
+            }
+            SettingsAtUse::Unfollowed { same_search_path } => *same_search_path,
+        };
+        match (effect, self) {
+            (Effect::Setting(c), SettingsAtUse::Committed) if c.real => {
+                SettingsAtUse::Followed(committed.after(&c.change))
+            }
+            (Effect::Setting(c), SettingsAtUse::Followed(settings)) if c.real => {
+                SettingsAtUse::Followed(settings.after(&c.change))
+            }
+            (Effect::SettingsUnknown { verify }, _) => SettingsAtUse::Unfollowed {
+                same_search_path: path_kept
+                    && !verify.is_empty()
+                    && !verify.iter().any(|name| name == "search_path"),
+            },
+            _ => SettingsAtUse::Unfollowed {
+                same_search_path: false,
+            },
+        }
+    }
 }
 
 impl Planner<'_> {
@@ -242,9 +289,6 @@ impl Planner<'_> {
         }
         let mut outcomes = Vec::with_capacity(analysis.statements.len());
         let mut prep = Vec::new();
-        // The settings the next statement runs under, once a statement before it changed
-        // them (`Some(None)`: changed in a way pgmemo cannot follow).
-        let mut at_use: Option<Option<ClientSettings>> = None;
         let mut pieces: Vec<(std::ops::Range<usize>, String)> = Vec::new();
         let mut raises = false;
         for (i, stmt) in analysis.statements.iter().enumerate() {
@@ -260,7 +304,7 @@ impl Planner<'_> {
             let before = prep.len();
             let planned =
                 refusal(stmt).and_then(|()| self.statement(stmt, protocol, many, &mut prep));
-            if let Some(Some(settings)) = &at_use {
+            if let SettingsAtUse::Followed(settings) = &self.at_use {
                 for p in &mut prep[before..] {
                     if let ServerPrep::Create(_, under @ None) = p {
                         *under = Some(Box::new(settings.clone()));
@@ -281,15 +325,9 @@ impl Planner<'_> {
             if let Some(r) = replacement {
                 pieces.push((stmt.source.clone(), r));
             }
-            self.settings_changed |= outcome.effect.changes_settings();
             if outcome.effect.changes_settings() {
-                let now = at_use
-                    .take()
-                    .unwrap_or_else(|| Some(self.state.settings.clone()));
-                at_use = Some(match (&outcome.effect, now) {
-                    (Effect::Setting(c), Some(s)) if c.real => Some(s.after(&c.change)),
-                    _ => None,
-                });
+                let before = std::mem::take(&mut self.at_use);
+                self.at_use = before.after(&outcome.effect, &self.state.settings);
             }
             outcomes.push(outcome);
         }
@@ -308,9 +346,19 @@ impl Planner<'_> {
         }
     }
 
+    /// Whether the server may analyse a statement prepared now under other settings than the
+    /// client's records show: see [`Self::settings_changed`] and [`Self::at_use`].
+    fn settings_unsettled(&self) -> bool {
+        self.settings_changed || !matches!(self.at_use, SettingsAtUse::Committed)
+    }
+
     /// The client's statement `name` for an `EXECUTE`: a copy of its own when its settings
     /// moved since it prepared a shared one (`ClientState::own_copy_of`), unless planning
-    /// cannot tell the settings the server analyses under.
+    /// cannot tell the settings the server analyses under. Behind a change in the same text
+    /// that pgmemo cannot follow (`set_config('TimeZone', ...)`) a shared statement is
+    /// copied whenever that change kept `search_path`: the copy is prepared before the text
+    /// runs, under the settings the statement was registered for, and reads as the client's
+    /// own statement in PostgreSQL whatever the change turns out to be.
     fn statement_to_run(&mut self, name: &str) -> Result<Arc<PreparedStatement>, ErrorResponse> {
         let statement = self
             .state
@@ -318,7 +366,20 @@ impl Planner<'_> {
             .get(name)
             .ok_or_else(|| missing(name))?;
         let statement = Arc::clone(statement);
-        if self.settings_changed || !statement.drifted_from(self.state.settings.parse_digest()) {
+        let committed = self.state.settings.parse_digest();
+        let copy = !self.settings_changed
+            && match &self.at_use {
+                SettingsAtUse::Committed => statement.drifted_from(committed),
+                SettingsAtUse::Followed(settings) => {
+                    statement.drifted_from(settings.parse_digest())
+                }
+                SettingsAtUse::Unfollowed { same_search_path } => {
+                    *same_search_path
+                        && statement.shared
+                        && settings::same_search_path(&statement.key.settings, committed)
+                }
+            };
+        if !copy {
             return Ok(statement);
         }
         Ok(self.state.own_copy_of(name, &statement, self.registry))
@@ -372,7 +433,7 @@ impl Planner<'_> {
                 let key = StatementKey {
                     text: statement.text.as_str().into(),
                     types: ParamTypes::Sql(param_types.clone().into_boxed_slice()),
-                    settings: if self.settings_changed {
+                    settings: if self.settings_unsettled() {
                         Arc::from(UNKNOWN_PARSE_SETTINGS)
                     } else {
                         self.state.settings.parse_digest().clone()
@@ -389,7 +450,7 @@ impl Planner<'_> {
                         statement.text
                     ))
                 };
-                let prepared = if self.settings_changed {
+                let prepared = if self.settings_unsettled() {
                     self.registry.register_unshared(key, create)
                 } else {
                     self.registry.get_or_register(key, create)
@@ -899,4 +960,41 @@ fn raise_after_sql(first: &[&str], error: &ErrorResponse) -> String {
         tag.insert(tag.len() - 1, 'x');
     }
     format!("DO {tag}{body}{tag}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set_config(names: &[&str]) -> Effect {
+        Effect::SettingsUnknown {
+            verify: names.iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
+    fn path_kept(at_use: &SettingsAtUse) -> bool {
+        matches!(
+            at_use,
+            SettingsAtUse::Unfollowed {
+                same_search_path: true
+            }
+        )
+    }
+
+    /// A shared statement is copied behind a change pgmemo cannot follow only while
+    /// `search_path` surely stayed (see `Planner::statement_to_run`).
+    #[test]
+    fn only_a_change_that_names_what_it_sets_and_spares_search_path_keeps_it() {
+        let committed = ClientSettings::from_startup(&[]);
+        let after = |names: &[&str]| SettingsAtUse::Committed.after(&set_config(names), &committed);
+        assert!(path_kept(&after(&["timezone"])));
+        assert!(!path_kept(&after(&["timezone", "search_path"])));
+        // `DO`, `CALL`, a `set_config` whose name is computed: nothing named.
+        assert!(!path_kept(&after(&[])));
+        // Once it may have moved, a later change does not bring it back.
+        let moved = after(&["search_path"]);
+        assert!(!path_kept(
+            &moved.after(&set_config(&["datestyle"]), &committed)
+        ));
+    }
 }

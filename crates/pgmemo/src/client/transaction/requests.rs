@@ -641,6 +641,7 @@ fn planner<'l>(link: &'l mut Link<'_>, registry: &'l StatementRegistry) -> Plann
         server: &mut link.server.statements,
         max_prepared: link.max_prepared,
         settings_changed,
+        at_use: Default::default(),
     }
 }
 
