@@ -1093,11 +1093,12 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_keeps_that_reading(
 /// and reads `'2020-01-01 12:00'::timestamptz` as noon UTC, as its own statement in
 /// PostgreSQL does (differential seed 16671). SQL-level and protocol-level, and behind a
 /// change earlier in the same Query (seed 17223: `set_config`, whose answer alone tells
-/// what it set, and `SET`, which pgmemo follows). Not after a
-/// `search_path` change: PostgreSQL analyses its own statement again then, keeping the
-/// parameter types its first analysis resolved, and so does the server with the shared one
-/// (`tz_f(integer)` is missing, not `tz_f(unknown)`; differential seed 16798 showed the
-/// latter in a long run when a copy was made then, which this script alone does not).
+/// what it set, and `SET`, which pgmemo follows), and with a `search_path` written otherwise
+/// besides (seed 18598). Not after a change of `search_path` alone: PostgreSQL analyses its
+/// own statement again when the path resolves to other schemas, keeping the parameter types
+/// its first analysis resolved, and so does the server with the shared one
+/// (`tz_f(integer)` is missing, not `tz_f(unknown)`, which a statement prepared anew under
+/// the new path would give: differential seed 16798).
 #[tokio::test]
 async fn a_shared_statement_keeps_its_reading_for_a_client_whose_settings_moved() {
     use Who::{A, B};
@@ -1158,15 +1159,35 @@ async fn a_shared_statement_keeps_its_reading_for_a_client_whose_settings_moved(
         ),
         q(A, "SET TimeZone = 'UTC'"),
         q(A, "SET TimeZone = 'Europe/Paris'; EXECUTE q6"),
+        // TimeZone and a `search_path` written otherwise that resolves to the same schemas:
+        // PostgreSQL does not analyse its statement again (differential seed 18598).
+        q(A, "SET TimeZone = 'UTC'"),
+        q(B, &format!("PREPARE q7 AS {noon}")),
+        q(B, "EXECUTE q7"),
+        q(B, "CREATE SCHEMA tz_reading; DROP SCHEMA tz_reading"),
+        q(A, &format!("PREPARE q7 AS {noon}")),
+        q(A, "SET search_path = public; SET TimeZone = 'Europe/Paris'"),
+        q(A, "EXECUTE q7"),
+        // A copy is prepared under its first reading, path and all, and analysed again by
+        // the server under the new path with the parameter type that reading resolved.
+        (B, exec("s9", &[Some("5")])),
+        q(
+            B,
+            "SET TimeZone = 'Europe/Paris'; SET search_path = pg_catalog",
+        ),
+        (B, exec("s9", &[Some("6")])),
     ];
     let pg = quiet_cluster().await;
     let direct = same_as_postgres_at(pg.port(), 1, &steps).await;
     let noon_utc = "DataRow [2020-01-01 13:00:00+01]";
-    for step in ["11 A| ", "12 A| ", "22 A| ", "23 A| ", "34 A| ", "36 A| "] {
+    for step in [
+        "11 A| ", "12 A| ", "22 A| ", "23 A| ", "34 A| ", "36 A| ", "43 A| ",
+    ] {
         assert!(shows(&direct, step, noon_utc), "{step}: {direct:#?}");
     }
     let resolved = "function tz_f(integer) does not exist";
     assert!(shows(&direct, "27 B| ", resolved), "{direct:#?}");
+    assert!(shows(&direct, "46 B| ", resolved), "{direct:#?}");
     same_through_evicting_at(pg.port(), &direct, &steps).await;
 }
 

@@ -26,7 +26,7 @@ pub use clock::Tick;
 pub use lease::{Lease, ReleaseState};
 pub use listing::{ServerListing, ServerRegistry, ServerRow, ServerState};
 pub use prepared::{
-    ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
+    ParamTypes, PreparedStatement, ServerStatements, Sharing, StatementKey, StatementRegistry,
     StatementSource,
 };
 pub use server::{ServerConn, ServerCredential, ServerError, ServerSession};

@@ -53,9 +53,24 @@ pub struct PreparedStatement {
     /// under, when its ParseComplete showed nothing had moved them (a `SET` pipelined ahead
     /// had committed by then). Preparing it again elsewhere then keeps that reading.
     settled_under: OnceLock<Arc<str>>,
-    /// Handed to every client that prepares `key` (`StatementRegistry::get_or_register`), not
-    /// made for one client alone (`register_unshared`, `own_copy`).
-    pub shared: bool,
+    /// Whom the statement is for.
+    pub sharing: Sharing,
+}
+
+/// Whom a statement is for: what decides whether a client may run it under settings it was
+/// not registered for, and under which settings a server that lacks it prepares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Handed to every client that prepares its key (`StatementRegistry::get_or_register`).
+    Shared,
+    /// One client's own, prepared under settings its records did not show yet
+    /// (`StatementRegistry::register_unshared`).
+    Own,
+    /// One client's copy of a shared statement its analysis settings moved away from
+    /// (`StatementRegistry::own_copy`): it stands for the client's statement as PostgreSQL
+    /// first analysed it, so a server that lacks it always prepares it under the settings it
+    /// was registered for.
+    Copy,
 }
 
 impl PreparedStatement {
@@ -70,20 +85,21 @@ impl PreparedStatement {
     /// `ClientSettings::parse_digest`) must run a copy of its own instead of this statement.
     ///
     /// A server analyses a statement again under the settings in force when it runs it after
-    /// DDL invalidated it, or when it runs under another `search_path` than it was last
-    /// analysed under, which another client sharing the statement may have done. Run by a
-    /// client whose settings moved since it prepared it (`SET TimeZone`), such a server's
-    /// statement would read its literals (`'2020-01-01 12:00'::timestamptz`) under the new
-    /// settings where PostgreSQL's own statement of the client keeps its first reading. A
-    /// shared statement is therefore run only under the settings it was registered for, or
-    /// under another `search_path`: PostgreSQL then analyses the client's own statement again
-    /// under the settings in force too, keeping the parameter types its first analysis
-    /// resolved, as the server does with the shared one (a copy prepared anew would resolve
-    /// them again).
+    /// DDL invalidated it, or when it runs under a `search_path` that resolves to other
+    /// schemas than the one it was last analysed under, which another client sharing the
+    /// statement may have done. Run by a client whose settings moved since it prepared it
+    /// (`SET TimeZone`), such a server's statement would read its literals
+    /// (`'2020-01-01 12:00'::timestamptz`) under the new settings where PostgreSQL's own
+    /// statement of the client keeps its first reading. A shared statement is therefore run
+    /// only under the settings it was registered for, give or take `search_path`: when that
+    /// alone differs, PostgreSQL's statement and the shared one are analysed again in the
+    /// same cases (the schemas the path resolves to differ, DDL), under the same settings,
+    /// keeping the parameter types their first analysis resolved, and clients that switch
+    /// `search_path` per request (a schema per tenant) keep sharing.
     pub fn drifted_from(&self, parse_digest: &Arc<str>) -> bool {
-        self.shared
+        self.sharing == Sharing::Shared
             && self.key.settings != *parse_digest
-            && super::settings::same_search_path(&self.key.settings, parse_digest)
+            && super::settings::differ_beyond_search_path(&self.key.settings, parse_digest)
     }
 
     /// Records that the server read the statement under `parse_digest` (the first record
@@ -145,7 +161,7 @@ impl StatementRegistry {
         if let Some(live) = map.get(&key).and_then(Weak::upgrade) {
             return live;
         }
-        let statement = self.new_statement(key.clone(), create, true);
+        let statement = self.new_statement(key.clone(), create, Sharing::Shared);
         map.insert(key, Arc::downgrade(&statement));
         let swept = self.swept_at.load(Ordering::Relaxed).max(1024);
         if map.len() as u64 > 2 * swept {
@@ -164,17 +180,17 @@ impl StatementRegistry {
         key: StatementKey,
         create: impl FnOnce(&str) -> StatementSource,
     ) -> Arc<PreparedStatement> {
-        self.new_statement(key, create, false)
+        self.new_statement(key, create, Sharing::Own)
     }
 
     /// A copy of `statement` for one client alone, under a new server-side name: see
-    /// [`PreparedStatement::drifted_from`]. It keeps the settings the statement was
-    /// registered for, under which a server that lacks it prepares it.
+    /// [`PreparedStatement::drifted_from`] and [`Sharing::Copy`]. It keeps the settings the
+    /// statement was registered for, under which a server that lacks it prepares it.
     pub fn own_copy(&self, statement: &PreparedStatement) -> Arc<PreparedStatement> {
         let copy = self.new_statement(
             statement.key.clone(),
             |name| statement.create.renamed(&statement.name, name),
-            false,
+            Sharing::Copy,
         );
         let validated = statement.validated.load(Ordering::Relaxed);
         copy.validated.store(validated, Ordering::Relaxed);
@@ -186,7 +202,7 @@ impl StatementRegistry {
         &self,
         key: StatementKey,
         create: impl FnOnce(&str) -> StatementSource,
-        shared: bool,
+        sharing: Sharing,
     ) -> Arc<PreparedStatement> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let name = format!("pgmemo_{id}");
@@ -197,7 +213,7 @@ impl StatementRegistry {
             key,
             validated: Default::default(),
             settled_under: OnceLock::new(),
-            shared,
+            sharing,
         })
     }
 
@@ -377,15 +393,18 @@ mod tests {
         let utc: Arc<str> = Arc::from("");
         let paris: Arc<str> = Arc::from("8:timezone12:Europe/Paris");
         let other_path: Arc<str> = Arc::from("11:search_path6:public");
+        let both: Arc<str> = Arc::from("11:search_path6:public8:timezone12:Europe/Paris");
         assert!(!shared.drifted_from(&utc));
         assert!(shared.drifted_from(&paris));
         assert!(
             !shared.drifted_from(&other_path),
-            "PostgreSQL analyses its own again"
+            "analysed again in the same cases as PostgreSQL's own"
         );
+        assert!(shared.drifted_from(&both));
         let copy = registry.own_copy(&shared);
         assert_ne!(copy.id, shared.id);
         assert_eq!(copy.key, shared.key);
+        assert_eq!(copy.sharing, Sharing::Copy);
         assert!(!copy.drifted_from(&paris), "a copy is the client's own");
         let StatementSource::Sql(create) = &copy.create else {
             panic!("a copy is created as the original was");

@@ -320,13 +320,15 @@ pub fn lexes_as_default(parse_digest: &str) -> bool {
 /// `at_use` are the settings the statement will run under (those of `client` unless the
 /// Query that executes it changes them before): when their `search_path` is not the one it
 /// was prepared under, PostgreSQL parses the statement again at that execution, under every
-/// setting then in force, so it is prepared under `at_use` instead.
+/// setting then in force, so it is prepared under `at_use` instead. `None` keeps the first
+/// reading whatever the statement runs under (a client's copy, `Sharing::Copy`: the server
+/// analyses it again at execution itself when the path resolves to other schemas).
 ///
 /// `None` when nothing differs from `client` (the server's settings now). Also `None` for a
 /// value that would end the block early (it then reads under the current settings).
 pub fn analysis_switch(
     prepared_under: &str,
-    at_use: &ClientSettings,
+    at_use: Option<&ClientSettings>,
     client: &ClientSettings,
 ) -> Option<(String, String)> {
     if prepared_under == UNKNOWN_PARSE_SETTINGS {
@@ -334,10 +336,11 @@ pub fn analysis_switch(
     }
     let then = digest_entries(prepared_under)?;
     let was = |name: &str| then.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
-    let reparsed = was("search_path") != at_use.effective("search_path").map(String::as_str);
-    let target = |name: &str| match reparsed {
-        true => at_use.effective(name).map(String::as_str),
-        false => was(name),
+    let reparsed_under = at_use
+        .filter(|at_use| was("search_path") != at_use.effective("search_path").map(String::as_str));
+    let target = |name: &str| match reparsed_under {
+        Some(at_use) => at_use.effective(name).map(String::as_str),
+        None => was(name),
     };
     let (mut to, mut back) = (String::new(), String::new());
     for name in PARSE_SETTINGS {
@@ -362,16 +365,20 @@ fn in_block(name: &str, replay: Option<&str>) -> String {
     }
 }
 
-/// Whether two parse digests (`ClientSettings::parse_digest`) hold the same `search_path`;
-/// `false` when either cannot be read.
-pub fn same_search_path(a: &str, b: &str) -> bool {
-    let path = |digest| {
-        digest_entries(digest)
-            .map(|entries| entries.into_iter().find(|(name, _)| *name == "search_path"))
+/// Whether two parse digests (`ClientSettings::parse_digest`) differ in a setting other than
+/// `search_path`; `true` when either cannot be read.
+pub fn differ_beyond_search_path(a: &str, b: &str) -> bool {
+    let rest = |digest| {
+        digest_entries(digest).map(|entries| {
+            entries
+                .into_iter()
+                .filter(|(name, _)| *name != "search_path")
+                .collect::<Vec<_>>()
+        })
     };
-    match (path(a), path(b)) {
-        (Some(a), Some(b)) => a == b,
-        _ => false,
+    match (rest(a), rest(b)) {
+        (Some(a), Some(b)) => a != b,
+        _ => true,
     }
 }
 
@@ -529,7 +536,7 @@ mod tests {
         let mut a = ClientSettings::from_startup(&[("datestyle".into(), "ISO".into())]);
         let mut server = ServerSettings::default();
         let first = a.parse_digest().clone();
-        assert_eq!(analysis_switch(&first, &a, &a), None);
+        assert_eq!(analysis_switch(&first, Some(&a), &a), None);
         commit(
             &[
                 set("timezone", "SET timezone TO 'UTC'"),
@@ -539,7 +546,7 @@ mod tests {
             &mut server,
         );
         assert_eq!(
-            analysis_switch(&first, &a, &a),
+            analysis_switch(&first, Some(&a), &a),
             Some((
                 "DO $pgmemo$BEGIN RESET timezone; END$pgmemo$".into(),
                 "DO $pgmemo$BEGIN SET timezone TO 'UTC'; END$pgmemo$".into()
@@ -552,7 +559,7 @@ mod tests {
             &mut server,
         );
         assert_eq!(
-            analysis_switch(&utc, &a, &a),
+            analysis_switch(&utc, Some(&a), &a),
             Some((
                 "DO $pgmemo$BEGIN PERFORM pg_catalog.set_config('datestyle', 'ISO', false); \
                  END$pgmemo$"
@@ -566,8 +573,8 @@ mod tests {
             &mut a,
             &mut server,
         );
-        assert_eq!(analysis_switch(&utc, &a, &a), None);
-        assert_eq!(analysis_switch("garbage", &a, &a), None);
+        assert_eq!(analysis_switch(&utc, Some(&a), &a), None);
+        assert_eq!(analysis_switch("garbage", Some(&a), &a), None);
         // A `SET search_path` earlier in the Query that executes it: parsed again under the
         // settings then, the path from the Query.
         let later = a.after(&SettingChange::Set(
@@ -575,7 +582,7 @@ mod tests {
             "SET search_path TO tenant".into(),
         ));
         assert_eq!(
-            analysis_switch(&utc, &later, &a),
+            analysis_switch(&utc, Some(&later), &a),
             Some((
                 "DO $pgmemo$BEGIN SET search_path TO tenant; END$pgmemo$".into(),
                 "DO $pgmemo$BEGIN SET search_path TO other; END$pgmemo$".into()
@@ -584,7 +591,7 @@ mod tests {
         // Back to the path it was prepared under: its first reading, TimeZone and all.
         let back = a.after(&SettingChange::Reset("search_path".into()));
         assert_eq!(
-            analysis_switch(&utc, &back, &a),
+            analysis_switch(&utc, Some(&back), &a),
             Some((
                 "DO $pgmemo$BEGIN PERFORM pg_catalog.set_config('datestyle', 'ISO', false);\
                  RESET search_path; END$pgmemo$"
@@ -593,7 +600,12 @@ mod tests {
                     .into()
             ))
         );
-        assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, &a, &a), None);
+        // A copy of the client's own keeps its first reading whatever path it runs under.
+        assert_eq!(
+            analysis_switch(&utc, None, &a),
+            analysis_switch(&utc, Some(&back), &a)
+        );
+        assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, Some(&a), &a), None);
     }
 
     #[test]

@@ -13,11 +13,11 @@ use wire::ErrorResponse;
 
 use super::link::ClientState;
 use crate::pool::settings::{
-    self, quote_literal, set_raw_in_block, set_sql, ClientSettings, SettingChange, TrackedChange,
+    quote_literal, set_raw_in_block, set_sql, ClientSettings, SettingChange, TrackedChange,
     UNKNOWN_PARSE_SETTINGS,
 };
 use crate::pool::{
-    ParamTypes, PreparedStatement, ServerStatements, StatementKey, StatementRegistry,
+    ParamTypes, PreparedStatement, ServerStatements, Sharing, StatementKey, StatementRegistry,
     StatementSource,
 };
 
@@ -195,22 +195,14 @@ pub enum SettingsAtUse {
     Committed,
     /// Changed by statements pgmemo follows (`SET`): these.
     Followed(ClientSettings),
-    /// Changed in a way pgmemo cannot follow. `same_search_path`: `search_path` is not among
-    /// what changed (every such statement named the settings it sets, and none was it).
-    Unfollowed { same_search_path: bool },
+    /// Changed in a way pgmemo cannot follow (`set_config`, `DO`, `CALL`).
+    Unfollowed,
 }
 
 impl SettingsAtUse {
     /// The settings after a statement with `effect`, one that changes settings, ran under
     /// `self`; `committed`: the client's settings before the text.
     fn after(self, effect: &Effect, committed: &ClientSettings) -> SettingsAtUse {
-        let path_kept = match &self {
-            SettingsAtUse::Committed => true,
-            SettingsAtUse::Followed(settings) => {
-                settings::same_search_path(settings.parse_digest(), committed.parse_digest())
-            }
-            SettingsAtUse::Unfollowed { same_search_path } => *same_search_path,
-        };
         match (effect, self) {
             (Effect::Setting(c), SettingsAtUse::Committed) if c.real => {
                 SettingsAtUse::Followed(committed.after(&c.change))
@@ -218,14 +210,7 @@ impl SettingsAtUse {
             (Effect::Setting(c), SettingsAtUse::Followed(settings)) if c.real => {
                 SettingsAtUse::Followed(settings.after(&c.change))
             }
-            (Effect::SettingsUnknown { verify }, _) => SettingsAtUse::Unfollowed {
-                same_search_path: path_kept
-                    && !verify.is_empty()
-                    && !verify.iter().any(|name| name == "search_path"),
-            },
-            _ => SettingsAtUse::Unfollowed {
-                same_search_path: false,
-            },
+            _ => SettingsAtUse::Unfollowed,
         }
     }
 }
@@ -354,11 +339,12 @@ impl Planner<'_> {
 
     /// The client's statement `name` for an `EXECUTE`: a copy of its own when its settings
     /// moved since it prepared a shared one (`ClientState::own_copy_of`), unless planning
-    /// cannot tell the settings the server analyses under. Behind a change in the same text
-    /// that pgmemo cannot follow (`set_config('TimeZone', ...)`) a shared statement is
-    /// copied whenever that change kept `search_path`: the copy is prepared before the text
-    /// runs, under the settings the statement was registered for, and reads as the client's
-    /// own statement in PostgreSQL whatever the change turns out to be.
+    /// cannot tell the settings the server analyses under (the open transaction changed
+    /// them). Behind a change earlier in the same text that pgmemo cannot follow
+    /// (`set_config('TimeZone', ...)`) a shared statement is always copied: the copy is
+    /// prepared before the text runs, under the settings the statement was registered for,
+    /// and reads as the client's own statement in PostgreSQL whatever the change turns out
+    /// to be.
     fn statement_to_run(&mut self, name: &str) -> Result<Arc<PreparedStatement>, ErrorResponse> {
         let statement = self
             .state
@@ -366,18 +352,15 @@ impl Planner<'_> {
             .get(name)
             .ok_or_else(|| missing(name))?;
         let statement = Arc::clone(statement);
-        let committed = self.state.settings.parse_digest();
         let copy = !self.settings_changed
             && match &self.at_use {
-                SettingsAtUse::Committed => statement.drifted_from(committed),
+                SettingsAtUse::Committed => {
+                    statement.drifted_from(self.state.settings.parse_digest())
+                }
                 SettingsAtUse::Followed(settings) => {
                     statement.drifted_from(settings.parse_digest())
                 }
-                SettingsAtUse::Unfollowed { same_search_path } => {
-                    *same_search_path
-                        && statement.shared
-                        && settings::same_search_path(&statement.key.settings, committed)
-                }
+                SettingsAtUse::Unfollowed => statement.sharing == Sharing::Shared,
             };
         if !copy {
             return Ok(statement);
@@ -960,41 +943,4 @@ fn raise_after_sql(first: &[&str], error: &ErrorResponse) -> String {
         tag.insert(tag.len() - 1, 'x');
     }
     format!("DO {tag}{body}{tag}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set_config(names: &[&str]) -> Effect {
-        Effect::SettingsUnknown {
-            verify: names.iter().map(|n| n.to_string()).collect(),
-        }
-    }
-
-    fn path_kept(at_use: &SettingsAtUse) -> bool {
-        matches!(
-            at_use,
-            SettingsAtUse::Unfollowed {
-                same_search_path: true
-            }
-        )
-    }
-
-    /// A shared statement is copied behind a change pgmemo cannot follow only while
-    /// `search_path` surely stayed (see `Planner::statement_to_run`).
-    #[test]
-    fn only_a_change_that_names_what_it_sets_and_spares_search_path_keeps_it() {
-        let committed = ClientSettings::from_startup(&[]);
-        let after = |names: &[&str]| SettingsAtUse::Committed.after(&set_config(names), &committed);
-        assert!(path_kept(&after(&["timezone"])));
-        assert!(!path_kept(&after(&["timezone", "search_path"])));
-        // `DO`, `CALL`, a `set_config` whose name is computed: nothing named.
-        assert!(!path_kept(&after(&[])));
-        // Once it may have moved, a later change does not bring it back.
-        let moved = after(&["search_path"]);
-        assert!(!path_kept(
-            &moved.after(&set_config(&["datestyle"]), &committed)
-        ));
-    }
 }

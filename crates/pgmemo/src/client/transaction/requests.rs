@@ -26,7 +26,7 @@ use crate::pool::settings::{
     analysis_switch, lexes_as_default, sync_sql, ClientSettings, UNKNOWN_PARSE_SETTINGS,
 };
 use crate::pool::{
-    ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
+    ParamTypes, PreparedStatement, Sharing, StatementKey, StatementRegistry, StatementSource,
 };
 
 /// Translates one client message (not Terminate) into `out`. Returns whether pgmemo queued
@@ -1637,7 +1637,8 @@ fn create_parse(statement: &PreparedStatement, parse: &Bytes, link: &Link<'_>) -
 /// The `DO` blocks around preparing `statement` again on this server that make the server
 /// read it under the settings it was first prepared under, or under `at_use` (those the
 /// Query's `EXECUTE` runs under, `None`: the committed ones) when PostgreSQL would parse it
-/// again there (`settings::analysis_switch`). Only while the server's settings are the
+/// again there (`settings::analysis_switch`), except for a client's copy, which always
+/// keeps its first reading. Only while the server's settings are the
 /// client's committed ones: after a `SET` in the open transaction or batch (or code pgmemo
 /// cannot see into) it reads under those in force.
 fn analysis_switch_for(
@@ -1649,7 +1650,11 @@ fn analysis_switch_for(
         return None;
     }
     let now = &link.client.settings;
-    let switch = analysis_switch(statement.read_under(), at_use.unwrap_or(now), now)?;
+    let at_use = match statement.sharing {
+        Sharing::Copy => None,
+        Sharing::Shared | Sharing::Own => Some(at_use.unwrap_or(now)),
+    };
+    let switch = analysis_switch(statement.read_under(), at_use, now)?;
     // Only queries are analysed at Parse, literals and all (a SQL-level PREPARE holds one). A
     // utility statement reads its text when it runs, and the blocks would be the
     // transaction's first query, which `BEGIN ISOLATION LEVEL` or `SET TRANSACTION` must
