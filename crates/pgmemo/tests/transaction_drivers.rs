@@ -121,6 +121,39 @@ fn exec(statement: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
     ]
 }
 
+/// An eviction pgmemo sends in a batch the server then skips (an error earlier in it) leaves
+/// the statement on the server: a batch pipelined behind it that prepares the statement
+/// again closes it first, and the records follow what the server really holds (differential
+/// seed 1018869, where the second Parse failed with 42P05 on pgmemo's own name).
+#[tokio::test]
+async fn a_skipped_eviction_does_not_make_a_pipelined_prepare_collide() {
+    use Who::A;
+    let noon = "SELECT 1 AS a";
+    let mut pipelined = vec![
+        msg::parse("", "SELECT 1/0 AS boom", &[]),
+        msg::bind("", "", &[]),
+        msg::execute("", 0),
+        // Evicts s1's statement to make room, in the part of the batch the server skips.
+        msg::parse("s2", "SELECT 2 AS b", &[]),
+        msg::sync(),
+        // The same text as s1 again, before the error above is known.
+        msg::parse("s3", noon, &[]),
+        msg::sync(),
+    ];
+    pipelined.extend(exec("s3", &[]));
+    let steps = vec![
+        (A, vec![msg::parse("s1", noon, &[]), msg::sync()]),
+        (A, pipelined),
+        (A, exec("s1", &[])),
+        (A, vec![msg::parse("s2", "SELECT 2 AS b", &[]), msg::sync()]),
+        (A, exec("s2", &[])),
+        (A, exec("s3", &[])),
+    ];
+    let direct = same_as_postgres(&steps).await;
+    assert!(shows(&direct, " 1 A| ", "DataRow [1]"), "{direct:#?}");
+    same_through_evicting(&direct, &steps).await;
+}
+
 /// Extended-protocol messages whose layout is wrong (truncated, with bytes left over, a bad
 /// Describe or Close target) fail as in PostgreSQL, which reads the whole message before it
 /// acts on it: an error (08P01), the rest of the batch skipped up to its Sync, a transaction

@@ -204,6 +204,11 @@ pub struct Revert {
     /// The message was pgmemo's Close of the statement (an eviction): the server still has
     /// it, and preparing it again there would fail with 42P05.
     pub closed: bool,
+    /// For a message that creates the statement (`on_server`): an eviction of it pipelined
+    /// ahead was skipped ([`Link::revert`]), so the server holds the statement whether this
+    /// message runs or is skipped too (it is sent behind a Close of its own, see
+    /// `requests::close_if_closing`); only its own failure leaves the server without it.
+    pub kept: bool,
 }
 
 /// What a Parse or Close of the unnamed statement changed in pgmemo's records: put back when
@@ -426,8 +431,9 @@ pub struct Link<'a> {
 }
 
 impl Link<'_> {
-    /// Undoes what a failed or skipped entry had assumed.
-    pub fn revert(&mut self, revert: Revert) {
+    /// Undoes what a failed or skipped entry had assumed. `skipped`: the server skipped the
+    /// message (an error earlier in its batch) rather than failing it.
+    pub fn revert(&mut self, revert: Revert, skipped: bool) {
         if let Some(name) = &revert.client_name {
             if self
                 .client
@@ -439,11 +445,21 @@ impl Link<'_> {
                 self.client.effects.remove(name);
             }
         }
-        if revert.on_server {
+        if revert.on_server && !(skipped && revert.kept) {
             self.server.statements.remove(revert.statement.id);
         }
         if revert.closed {
+            let id = revert.statement.id;
             self.server.statements.restore(revert.statement);
+            // Messages pipelined behind it that create the statement again: the server has
+            // it whatever becomes of them, short of their own failure.
+            for entry in self.queue.iter_mut() {
+                if let Some(create) = entry.revert.as_deref_mut() {
+                    if create.on_server && create.statement.id == id {
+                        create.kept = true;
+                    }
+                }
+            }
         }
     }
 
@@ -513,12 +529,16 @@ impl Link<'_> {
                 ..
             } = &outcome.effect
             {
-                self.revert(Revert {
-                    statement: statement.clone(),
-                    client_name: Some(client_name.clone()),
-                    on_server: *created,
-                    closed: false,
-                });
+                self.revert(
+                    Revert {
+                        statement: statement.clone(),
+                        client_name: Some(client_name.clone()),
+                        on_server: *created,
+                        closed: false,
+                        kept: false,
+                    },
+                    true,
+                );
             }
         }
     }

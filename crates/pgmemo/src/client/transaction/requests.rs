@@ -980,6 +980,7 @@ fn parse(
             client_name: Some(name),
             on_server,
             closed: false,
+            kept: false,
         }))
     };
     if held {
@@ -1009,6 +1010,7 @@ fn parse(
     let StatementSource::Parse(create) = &statement.create else {
         unreachable!("protocol-level statements are created with Parse")
     };
+    close_if_closing(&statement, link, out);
     out.extend_from_slice(create);
     let learn = statement.clone();
     let mut entry = Entry::forward(Expect::Parse);
@@ -1554,6 +1556,26 @@ fn close(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool,
     Ok(true)
 }
 
+/// Before a message that creates `statement` on the server: a Close of it when an eviction
+/// of it is still unanswered. The server skips that eviction if an error came earlier in its
+/// batch, and would then refuse to create the statement again (42P05 on pgmemo's own name);
+/// closing a statement the server lacks is no error. See `Revert::kept` for the records.
+fn close_if_closing(statement: &PreparedStatement, link: &mut Link<'_>, out: &mut BytesMut) {
+    let closing = link.queue.iter().any(|e| {
+        e.revert
+            .as_ref()
+            .is_some_and(|r| r.closed && r.statement.id == statement.id)
+    });
+    if closing {
+        Close {
+            target: Target::Statement,
+            name: Bytes::from(statement.name.clone()),
+        }
+        .encode(out);
+        link.queue.push_back(Entry::swallow(Expect::Close));
+    }
+}
+
 /// Sends what `prep` asks for; in the simple protocol a Sync closes the injected messages.
 fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut BytesMut) {
     for p in prep {
@@ -1570,6 +1592,7 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                     client_name: None,
                     on_server: false,
                     closed: true,
+                    kept: false,
                 }));
                 link.queue.push_back(entry);
             }
@@ -1586,7 +1609,9 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                     client_name: None,
                     on_server: true,
                     closed: false,
+                    kept: false,
                 });
+                close_if_closing(statement, link, out);
                 match &statement.create {
                     StatementSource::Parse(parse) => {
                         let parse = create_parse(statement, parse, link);

@@ -787,7 +787,7 @@ fn on_error(link: &mut Link<'_>, unreadable: bool) {
     for (i, entry) in skipped.into_iter().enumerate().rev() {
         link.revert_outcomes(&entry.outcomes[entry.next.min(entry.outcomes.len())..]);
         if let Some(revert) = entry.revert {
-            link.revert(*revert);
+            link.revert(*revert, i != 0);
         }
         if let Some(undo) = entry.unnamed {
             if let Some(outcome) = &undo.unrun {
