@@ -1224,6 +1224,41 @@ async fn a_shared_statement_keeps_its_reading_for_a_client_whose_settings_moved(
     same_through_evicting_at(pg.port(), &direct, &steps).await;
 }
 
+/// A statement prepared again on a server that lacks it, for a client whose `search_path`
+/// moved since it parsed it, is prepared under its first reading and analysed again by the
+/// server at execution, keeping the parameter types that reading resolved, as PostgreSQL's
+/// own statement is (differential seed 1019230: `pt_f(unknown)` where PostgreSQL reports
+/// `pt_f(integer)`). The client never described it, and parsed it while the server held the
+/// statement another client had prepared, so pgmemo learnt no types of it.
+#[tokio::test]
+async fn a_statement_prepared_again_under_another_path_keeps_its_parameter_types() {
+    use Who::{A, B};
+    let parse = |who, name: &str, sql: &str| (who, vec![msg::parse(name, sql, &[]), msg::sync()]);
+    let steps = vec![
+        (
+            A,
+            vec![msg::query(
+                "CREATE OR REPLACE FUNCTION pt_f(int) RETURNS int LANGUAGE sql AS 'SELECT $1'",
+            )],
+        ),
+        parse(B, "s1", "SELECT pt_f($1) AS f"),
+        parse(A, "s1", "SELECT pt_f($1) AS f"),
+        (A, vec![msg::query("SET search_path = pg_catalog")]),
+        // Another statement: a server that holds one at a time drops s1's.
+        parse(A, "s2", "SELECT 1 AS one"),
+        (A, exec("s2", &[])),
+        (A, exec("s1", &[Some("1")])),
+        (A, vec![msg::query("RESET search_path")]),
+        (A, exec("s1", &[Some("2")])),
+    ];
+    let pg = quiet_cluster().await;
+    let direct = same_as_postgres_at(pg.port(), 1, &steps).await;
+    let resolved = "function pt_f(integer) does not exist";
+    assert!(shows(&direct, " 6 A| ", resolved), "{direct:#?}");
+    assert!(shows(&direct, " 8 A| ", "DataRow [2]"), "{direct:#?}");
+    same_through_evicting_at(pg.port(), &direct, &steps).await;
+}
+
 /// What a client learnt of a shared statement when it described it goes with the copy it
 /// gets after its settings moved (`ClientState::own_copy_of`): the copy is prepared with the
 /// parameter types the first analysis resolved (`cf(integer)`), not read afresh from the
@@ -4228,8 +4263,9 @@ async fn discard_all_in_a_batch_runs_and_commits_as_in_postgres() {
 /// An `EXECUTE` after a `SET search_path` in the same Query reads its statement's tables as
 /// PostgreSQL does, parsing it again under that path, also when pgmemo must prepare the
 /// statement again on a server that lost it (differential seed 13196): pgmemo prepares it
-/// under the settings the `EXECUTE` runs under, not those in force before the Query (under
-/// which the table was not found).
+/// under the settings of its first reading, path included, not those in force before the
+/// Query (under which the table was not found), and the server analyses it again under the
+/// Query's path when it runs it.
 #[tokio::test]
 async fn an_execute_after_a_search_path_change_in_its_query_reads_the_new_path() {
     within(TEST_DEADLINE, async {

@@ -58,7 +58,7 @@ pub struct PreparedStatement {
 }
 
 /// Whom a statement is for: what decides whether a client may run it under settings it was
-/// not registered for, and under which settings a server that lacks it prepares it.
+/// not registered for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sharing {
     /// Handed to every client that prepares its key (`StatementRegistry::get_or_register`).
@@ -68,8 +68,7 @@ pub enum Sharing {
     Own,
     /// One client's copy of a shared statement its analysis settings moved away from
     /// (`StatementRegistry::own_copy`): it stands for the client's statement as PostgreSQL
-    /// first analysed it, so a server that lacks it always prepares it under the settings it
-    /// was registered for.
+    /// first analysed it, and is never shared nor copied again.
     Copy,
 }
 

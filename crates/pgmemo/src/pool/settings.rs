@@ -314,37 +314,27 @@ pub fn lexes_as_default(parse_digest: &str) -> bool {
 /// The `DO` blocks that set a server's analysis settings ([`PARSE_SETTINGS`]) to those a
 /// statement was first prepared under (`prepared_under`, its `StatementKey::settings`) and
 /// back to the client's, around pgmemo preparing it again on a server that lacks it: PostgreSQL
-/// reads a statement's literals (`'2024-01-01'::timestamptz`) when it prepares it and keeps
-/// that reading after a later `SET`, so the server must read them as the first one did.
+/// reads a statement's literals (`'2024-01-01'::timestamptz`) and resolves its names and
+/// parameter types when it prepares it, and keeps that reading after a later `SET`, so the
+/// server must read it as the first one did.
 ///
-/// `at_use` are the settings the statement will run under (those of `client` unless the
-/// Query that executes it changes them before): when their `search_path` is not the one it
-/// was prepared under, PostgreSQL parses the statement again at that execution, under every
-/// setting then in force, so it is prepared under `at_use` instead. `None` keeps the first
-/// reading whatever the statement runs under (a client's copy, `Sharing::Copy`: the server
-/// analyses it again at execution itself when the path resolves to other schemas).
+/// `search_path` included: when the client now runs under a path that resolves to other
+/// schemas, PostgreSQL analyses its statement again at execution, under every setting then in
+/// force but keeping the parameter types its first analysis resolved (`function f(integer)
+/// does not exist`), and the server does the same with the statement prepared this way; one
+/// prepared under the current path would resolve them anew (`f(unknown)`).
 ///
 /// `None` when nothing differs from `client` (the server's settings now). Also `None` for a
 /// value that would end the block early (it then reads under the current settings).
-pub fn analysis_switch(
-    prepared_under: &str,
-    at_use: Option<&ClientSettings>,
-    client: &ClientSettings,
-) -> Option<(String, String)> {
+pub fn analysis_switch(prepared_under: &str, client: &ClientSettings) -> Option<(String, String)> {
     if prepared_under == UNKNOWN_PARSE_SETTINGS {
         return None;
     }
     let then = digest_entries(prepared_under)?;
     let was = |name: &str| then.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
-    let reparsed_under = at_use
-        .filter(|at_use| was("search_path") != at_use.effective("search_path").map(String::as_str));
-    let target = |name: &str| match reparsed_under {
-        Some(at_use) => at_use.effective(name).map(String::as_str),
-        None => was(name),
-    };
     let (mut to, mut back) = (String::new(), String::new());
     for name in PARSE_SETTINGS {
-        let (then, now) = (target(name), client.effective(name).map(String::as_str));
+        let (then, now) = (was(name), client.effective(name).map(String::as_str));
         if then != now {
             to.push_str(&in_block(name, then));
             back.push_str(&in_block(name, now));
@@ -536,7 +526,7 @@ mod tests {
         let mut a = ClientSettings::from_startup(&[("datestyle".into(), "ISO".into())]);
         let mut server = ServerSettings::default();
         let first = a.parse_digest().clone();
-        assert_eq!(analysis_switch(&first, Some(&a), &a), None);
+        assert_eq!(analysis_switch(&first, &a), None);
         commit(
             &[
                 set("timezone", "SET timezone TO 'UTC'"),
@@ -546,7 +536,7 @@ mod tests {
             &mut server,
         );
         assert_eq!(
-            analysis_switch(&first, Some(&a), &a),
+            analysis_switch(&first, &a),
             Some((
                 "DO $pgmemo$BEGIN RESET timezone; END$pgmemo$".into(),
                 "DO $pgmemo$BEGIN SET timezone TO 'UTC'; END$pgmemo$".into()
@@ -559,7 +549,7 @@ mod tests {
             &mut server,
         );
         assert_eq!(
-            analysis_switch(&utc, Some(&a), &a),
+            analysis_switch(&utc, &a),
             Some((
                 "DO $pgmemo$BEGIN PERFORM pg_catalog.set_config('datestyle', 'ISO', false); \
                  END$pgmemo$"
@@ -567,31 +557,15 @@ mod tests {
                 "DO $pgmemo$BEGIN SET datestyle TO 'SQL'; END$pgmemo$".into()
             ))
         );
-        // Another search_path: PostgreSQL parses the statement again under the settings now.
+        // Another search_path: prepared under the first one too; the server analyses it again
+        // at execution, keeping the parameter types that first reading resolved.
         commit(
             &[set("search_path", "SET search_path TO other")],
             &mut a,
             &mut server,
         );
-        assert_eq!(analysis_switch(&utc, Some(&a), &a), None);
-        assert_eq!(analysis_switch("garbage", Some(&a), &a), None);
-        // A `SET search_path` earlier in the Query that executes it: parsed again under the
-        // settings then, the path from the Query.
-        let later = a.after(&SettingChange::Set(
-            "search_path".into(),
-            "SET search_path TO tenant".into(),
-        ));
         assert_eq!(
-            analysis_switch(&utc, Some(&later), &a),
-            Some((
-                "DO $pgmemo$BEGIN SET search_path TO tenant; END$pgmemo$".into(),
-                "DO $pgmemo$BEGIN SET search_path TO other; END$pgmemo$".into()
-            ))
-        );
-        // Back to the path it was prepared under: its first reading, TimeZone and all.
-        let back = a.after(&SettingChange::Reset("search_path".into()));
-        assert_eq!(
-            analysis_switch(&utc, Some(&back), &a),
+            analysis_switch(&utc, &a),
             Some((
                 "DO $pgmemo$BEGIN PERFORM pg_catalog.set_config('datestyle', 'ISO', false);\
                  RESET search_path; END$pgmemo$"
@@ -600,12 +574,8 @@ mod tests {
                     .into()
             ))
         );
-        // A copy of the client's own keeps its first reading whatever path it runs under.
-        assert_eq!(
-            analysis_switch(&utc, None, &a),
-            analysis_switch(&utc, Some(&back), &a)
-        );
-        assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, Some(&a), &a), None);
+        assert_eq!(analysis_switch("garbage", &a), None);
+        assert_eq!(analysis_switch(UNKNOWN_PARSE_SETTINGS, &a), None);
     }
 
     #[test]

@@ -144,9 +144,9 @@ impl Outcome {
 /// Work on the server before the client's statement can run there.
 #[derive(Debug, Clone)]
 pub enum ServerPrep {
-    /// Prepare the statement. With settings: those the `EXECUTE` that needs it runs under,
-    /// changed by `SET`s before it in the same Query (`settings::analysis_switch`).
-    Create(Arc<PreparedStatement>, Option<Box<ClientSettings>>),
+    /// Prepare the statement (under the settings of its first reading,
+    /// `settings::analysis_switch`).
+    Create(Arc<PreparedStatement>),
     Drop(Arc<PreparedStatement>),
 }
 
@@ -286,16 +286,8 @@ impl Planner<'_> {
                     break;
                 }
             }
-            let before = prep.len();
             let planned =
                 refusal(stmt).and_then(|()| self.statement(stmt, protocol, many, &mut prep));
-            if let SettingsAtUse::Followed(settings) = &self.at_use {
-                for p in &mut prep[before..] {
-                    if let ServerPrep::Create(_, under @ None) = p {
-                        *under = Some(Box::new(settings.clone()));
-                    }
-                }
-            }
             let (outcome, replacement) = match planned {
                 Ok(v) => v,
                 Err(e) if i == 0 => return Plan::Refused(e),
@@ -627,7 +619,7 @@ pub fn ensure_on(
     }
     let evicted = server.insert(statement.clone(), max_prepared);
     prep.extend(evicted.into_iter().map(ServerPrep::Drop));
-    prep.push(ServerPrep::Create(statement.clone(), None));
+    prep.push(ServerPrep::Create(statement.clone()));
 }
 
 /// The outcome of a `DEALLOCATE` pgmemo answers itself (the server runs a no-op in its place,

@@ -22,11 +22,9 @@ use super::commands::{
 use super::link::{Described, Entry, Expect, Link, Revert, Unnamed, OWN_UNNAMED};
 use super::shape;
 use crate::cache::plan::Effects;
-use crate::pool::settings::{
-    analysis_switch, lexes_as_default, sync_sql, ClientSettings, UNKNOWN_PARSE_SETTINGS,
-};
+use crate::pool::settings::{analysis_switch, lexes_as_default, sync_sql, UNKNOWN_PARSE_SETTINGS};
 use crate::pool::{
-    ParamTypes, PreparedStatement, Sharing, StatementKey, StatementRegistry, StatementSource,
+    ParamTypes, PreparedStatement, StatementKey, StatementRegistry, StatementSource,
 };
 
 /// Translates one client message (not Terminate) into `out`. Returns whether pgmemo queued
@@ -1596,8 +1594,8 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
                 }));
                 link.queue.push_back(entry);
             }
-            ServerPrep::Create(statement, at_use) => {
-                let switch = analysis_switch_for(statement, at_use.as_deref(), link);
+            ServerPrep::Create(statement) => {
+                let switch = analysis_switch_for(statement, link);
                 if let Some((to, _)) = &switch {
                     emit_own_run(to, None, link, out);
                 }
@@ -1660,26 +1658,14 @@ fn create_parse(statement: &PreparedStatement, parse: &Bytes, link: &Link<'_>) -
 }
 
 /// The `DO` blocks around preparing `statement` again on this server that make the server
-/// read it under the settings it was first prepared under, or under `at_use` (those the
-/// Query's `EXECUTE` runs under, `None`: the committed ones) when PostgreSQL would parse it
-/// again there (`settings::analysis_switch`), except for a client's copy, which always
-/// keeps its first reading. Only while the server's settings are the
-/// client's committed ones: after a `SET` in the open transaction or batch (or code pgmemo
-/// cannot see into) it reads under those in force.
-fn analysis_switch_for(
-    statement: &PreparedStatement,
-    at_use: Option<&ClientSettings>,
-    link: &Link<'_>,
-) -> Option<(String, String)> {
+/// read it under the settings it was first prepared under (`settings::analysis_switch`).
+/// Only while the server's settings are the client's committed ones: after a `SET` in the
+/// open transaction or batch (or code pgmemo cannot see into) it reads under those in force.
+fn analysis_switch_for(statement: &PreparedStatement, link: &Link<'_>) -> Option<(String, String)> {
     if link.settings_unsettled() {
         return None;
     }
-    let now = &link.client.settings;
-    let at_use = match statement.sharing {
-        Sharing::Copy => None,
-        Sharing::Shared | Sharing::Own => Some(at_use.unwrap_or(now)),
-    };
-    let switch = analysis_switch(statement.read_under(), at_use, now)?;
+    let switch = analysis_switch(statement.read_under(), &link.client.settings)?;
     // Only queries are analysed at Parse, literals and all (a SQL-level PREPARE holds one). A
     // utility statement reads its text when it runs, and the blocks would be the
     // transaction's first query, which `BEGIN ISOLATION LEVEL` or `SET TRANSACTION` must
