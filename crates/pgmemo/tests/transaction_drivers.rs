@@ -154,6 +154,43 @@ async fn a_skipped_eviction_does_not_make_a_pipelined_prepare_collide() {
     same_through_evicting(&direct, &steps).await;
 }
 
+/// A Bind with a wrong parameter count fails with that count (08P01) as in PostgreSQL, which
+/// checks the counts before it finds the statement's result type changed, also where pgmemo
+/// would refuse the Bind itself because the server's statement has another shape than the
+/// client described (0A000; differential seed 19670).
+#[tokio::test]
+async fn a_wrong_parameter_count_comes_before_a_changed_result_type() {
+    within(TEST_DEADLINE, async {
+        use Who::A;
+        let t = create_table("count_first", "(k int, v text)").await;
+        let q = |sql: String| (A, vec![msg::query(&sql)]);
+        let steps = vec![
+            q(format!("ALTER TABLE {t} DROP COLUMN IF EXISTS w")),
+            (
+                A,
+                vec![
+                    msg::parse("s1", &format!("SELECT * FROM {t}"), &[]),
+                    msg::describe(b'S', "s1"),
+                    msg::sync(),
+                ],
+            ),
+            (A, exec("s1", &[])),
+            q(format!("ALTER TABLE {t} ADD COLUMN w int DEFAULT 7")),
+            (A, exec("s1", &[])),
+            (A, exec("s1", &[Some("1")])),
+            (A, exec("s1", &[])),
+        ];
+        let direct = same_as_postgres(&steps).await;
+        assert!(
+            shows(&direct, " 5 A| ", "08P01") && shows(&direct, " 6 A| ", "0A000"),
+            "{direct:#?}"
+        );
+        same_through_evicting(&direct, &steps).await;
+        drop_table(&t).await;
+    })
+    .await;
+}
+
 /// Extended-protocol messages whose layout is wrong (truncated, with bytes left over, a bad
 /// Describe or Close target) fail as in PostgreSQL, which reads the whole message before it
 /// acts on it: an error (08P01), the rest of the batch skipped up to its Sync, a transaction

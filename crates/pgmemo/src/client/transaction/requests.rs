@@ -1173,13 +1173,12 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
         return false;
     }
     // PostgreSQL checks a Bind's counts before it analyses the statement again: a wrong count
-    // is the Bind's error (`bind_count_error`), before anything is prepared here.
-    if !link.server.statements.holds(statement) {
-        let tail = &body[portal.len() + name.len() + 2..];
-        let client_name = std::str::from_utf8(name).unwrap_or_default();
-        if bind_count_error(client_name, statement, link, tail).is_some() {
-            return false;
-        }
+    // is the Bind's error (`bind_count_error`), before anything is prepared or refused here
+    // (the server reports it, or pgmemo does when the server lacks the statement; seed 19670).
+    let tail = &body[portal.len() + name.len() + 2..];
+    let client_name = std::str::from_utf8(name).unwrap_or_default();
+    if bind_count_error(client_name, statement, link, tail).is_some() {
+        return false;
     }
     let statement = Arc::clone(statement);
     let probed = link.probed == Some(statement.id);
