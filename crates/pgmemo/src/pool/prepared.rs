@@ -63,13 +63,13 @@ pub struct PreparedStatement {
 pub enum Sharing {
     /// Handed to every client that prepares its key (`StatementRegistry::get_or_register`).
     Shared,
-    /// One client's own, prepared under settings its records did not show yet
-    /// (`StatementRegistry::register_unshared`).
+    /// One client's alone, never handed out for its key again nor copied: prepared under
+    /// settings its records did not show yet (`StatementRegistry::register_unshared`), or a
+    /// copy of a shared statement its analysis settings moved away from
+    /// (`StatementRegistry::own_copy`), which stands for the client's statement as PostgreSQL
+    /// first analysed it. Run under whatever settings the client has at use, as PostgreSQL
+    /// runs the client's own statement.
     Own,
-    /// One client's copy of a shared statement its analysis settings moved away from
-    /// (`StatementRegistry::own_copy`): it stands for the client's statement as PostgreSQL
-    /// first analysed it, and is never shared nor copied again.
-    Copy,
 }
 
 impl PreparedStatement {
@@ -183,13 +183,13 @@ impl StatementRegistry {
     }
 
     /// A copy of `statement` for one client alone, under a new server-side name: see
-    /// [`PreparedStatement::drifted_from`] and [`Sharing::Copy`]. It keeps the settings the
+    /// [`PreparedStatement::drifted_from`] and [`Sharing::Own`]. It keeps the settings the
     /// statement was registered for, under which a server that lacks it prepares it.
     pub fn own_copy(&self, statement: &PreparedStatement) -> Arc<PreparedStatement> {
         let copy = self.new_statement(
             statement.key.clone(),
             |name| statement.create.renamed(&statement.name, name),
-            Sharing::Copy,
+            Sharing::Own,
         );
         let validated = statement.validated.load(Ordering::Relaxed);
         copy.validated.store(validated, Ordering::Relaxed);
@@ -403,7 +403,7 @@ mod tests {
         let copy = registry.own_copy(&shared);
         assert_ne!(copy.id, shared.id);
         assert_eq!(copy.key, shared.key);
-        assert_eq!(copy.sharing, Sharing::Copy);
+        assert_eq!(copy.sharing, Sharing::Own);
         assert!(!copy.drifted_from(&paris), "a copy is the client's own");
         let StatementSource::Sql(create) = &copy.create else {
             panic!("a copy is created as the original was");
