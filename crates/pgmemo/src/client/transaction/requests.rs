@@ -1172,32 +1172,40 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
     if shape::describes_portal_next(&buf[header.frame_len..], portal) || link.may_be_aborted() {
         return false;
     }
-    // PostgreSQL checks a Bind's counts before it analyses the statement again: a wrong count
-    // is the Bind's error (`bind_count_error`), before anything is prepared or refused here
-    // (the server reports it, or pgmemo does when the server lacks the statement; seed 19670).
-    let tail = &body[portal.len() + name.len() + 2..];
-    let client_name = std::str::from_utf8(name).unwrap_or_default();
-    if bind_count_error(client_name, statement, link, tail).is_some() {
-        return false;
-    }
     let statement = Arc::clone(statement);
     let probed = link.probed == Some(statement.id);
     if probed && link.queue.iter().any(|e| e.probe) {
         return true;
     }
+    // PostgreSQL checks a Bind's counts before it analyses the statement again: a wrong count
+    // is the Bind's error (`bind_count_error`), before anything is prepared or refused here
+    // (the server reports it, or pgmemo does when the server lacks the statement; seed 19670).
+    // Checked only where pgmemo would refuse or probe, off the path of a statement run as
+    // the client learnt it.
+    let tail = &body[portal.len() + name.len() + 2..];
+    let client_name = std::str::from_utf8(name).unwrap_or_default();
+    let wrong_count =
+        |link: &Link<'_>| bind_count_error(client_name, &statement, link, tail).is_some();
     match link.server.statements.shape(&statement) {
-        // The client's shape; or, described afresh, another one: the client's statement has
-        // another shape now; or the probe failed (the client has its error, and the server
-        // skips to the Sync).
-        Some(here) if here == learnt || probed => {
+        // The client's shape.
+        Some(here) if here == learnt => {
             link.probed = None;
-            link.refuse_bind = here != learnt;
+            link.refuse_bind = false;
             false
         }
+        // Described afresh as another shape: the client's statement has another shape now,
+        // unless the Bind fails first on its counts.
+        Some(_) if probed => {
+            link.probed = None;
+            link.refuse_bind = !wrong_count(link);
+            false
+        }
+        // The probe failed (the client has its error, and the server skips to the Sync).
         None if probed => {
             link.probed = None;
             false
         }
+        _ if wrong_count(link) => false,
         // Not described here, or as another shape: a statement this server prepared before
         // DDL may be stale, one prepared after it has the new shape; neither tells the shape
         // the client's statement has now. Prepared afresh and described.
