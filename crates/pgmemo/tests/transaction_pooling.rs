@@ -516,6 +516,84 @@ async fn max_prepared_statements_bounds_each_server_and_statements_still_run() {
     .await
 }
 
+/// How many statements pgmemo has prepared on the server that runs `client`'s next query.
+async fn pgmemo_statements(client: &Client) -> i64 {
+    value(
+        client,
+        "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgmemo%'",
+    )
+    .await
+    .parse()
+    .unwrap()
+}
+
+/// The first column of the one row `statement` returns.
+async fn first_int(client: &Client, statement: &Statement) -> i32 {
+    client.query_one(statement, &[]).await.unwrap().get(0)
+}
+
+/// A schema per tenant: clients that prepared a statement under the same settings and then
+/// switch `search_path` per request keep sharing one server statement, which the server
+/// analyses again whenever the path resolves to other schemas (as PostgreSQL does with each
+/// client's own), so every client reads its own tenant's table. A client that changes another
+/// analysis setting (TimeZone) gets a copy of its own (`PreparedStatement::drifted_from`).
+#[tokio::test]
+async fn clients_that_only_switch_search_path_keep_sharing_a_statement() {
+    within(TEST_DEADLINE, async {
+        let tenants = [unique("tenant_a"), unique("tenant_b")];
+        let direct = LocalPostgres.client(USER, DB).await;
+        for (n, schema) in tenants.iter().enumerate() {
+            direct
+                .batch_execute(&format!(
+                    "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (x int); \
+                     INSERT INTO {schema}.t VALUES ({n})"
+                ))
+                .await
+                .unwrap();
+        }
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
+        let a = pgmemo.client(USER, DB).await;
+        let b = pgmemo.client(USER, DB).await;
+        let sql = "SELECT x FROM t";
+        for client in [&a, &b] {
+            client
+                .batch_execute(&format!("SET search_path = {}", tenants[0]))
+                .await
+                .unwrap();
+        }
+        let on_a = a.prepare(sql).await.unwrap();
+        let on_b = b.prepare(sql).await.unwrap();
+        for round in 0..2 {
+            for (client, st, tenant) in [(&a, &on_a, 1), (&b, &on_b, 0), (&a, &on_a, 0)] {
+                client
+                    .batch_execute(&format!("SET search_path = {}", tenants[tenant]))
+                    .await
+                    .unwrap();
+                assert_eq!(first_int(client, st).await, tenant as i32, "round {round}");
+            }
+        }
+        assert_eq!(
+            pgmemo_statements(&a).await,
+            1,
+            "one statement shared by A and B"
+        );
+        a.batch_execute("SET TimeZone = 'Asia/Tokyo'")
+            .await
+            .unwrap();
+        assert_eq!(first_int(&a, &on_a).await, 0);
+        assert_eq!(first_int(&b, &on_b).await, 0);
+        assert_eq!(pgmemo_statements(&a).await, 2, "A runs a copy of its own");
+        pgmemo.shutdown().await;
+        for schema in &tenants {
+            direct
+                .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+                .await
+                .unwrap();
+        }
+    })
+    .await
+}
+
 /// PostgreSQL reads a statement's literals once, when it prepares it, and keeps that reading
 /// after a `SET TimeZone`: a statement pgmemo prepares again on a server that lacks it (here
 /// evicted by `max_prepared_statements`) after such a `SET` must read its literals as when the
