@@ -154,6 +154,36 @@ async fn a_skipped_eviction_does_not_make_a_pipelined_prepare_collide() {
     same_through_evicting(&direct, &steps).await;
 }
 
+/// The same for a SQL-level `PREPARE` pipelined behind the skipped eviction: pgmemo closes
+/// its statement (a Close and a Sync of its own) before the Query that prepares it again.
+#[tokio::test]
+async fn a_skipped_eviction_does_not_make_a_pipelined_sql_prepare_collide() {
+    use Who::A;
+    let prepare = |name: &str| msg::query(&format!("PREPARE {name} AS SELECT 1 AS a"));
+    let pipelined = vec![
+        msg::parse("", "SELECT 1/0 AS boom", &[]),
+        msg::bind("", "", &[]),
+        msg::execute("", 0),
+        // Evicts q1's statement to make room, in the part of the batch the server skips.
+        msg::parse("s2", "SELECT 2 AS b", &[]),
+        msg::sync(),
+        // The same text as q1 again, before the error above is known.
+        prepare("q3"),
+        msg::query("EXECUTE q3"),
+    ];
+    let steps = vec![
+        (A, vec![prepare("q1")]),
+        (A, pipelined),
+        (A, vec![msg::query("EXECUTE q1")]),
+        (A, vec![msg::parse("s2", "SELECT 2 AS b", &[]), msg::sync()]),
+        (A, exec("s2", &[])),
+        (A, vec![msg::query("EXECUTE q3; EXECUTE q1")]),
+    ];
+    let direct = same_as_postgres(&steps).await;
+    assert!(shows(&direct, " 1 A| ", "DataRow [1]"), "{direct:#?}");
+    same_through_evicting(&direct, &steps).await;
+}
+
 /// A Bind with a wrong parameter count fails with that count (08P01) as in PostgreSQL, which
 /// checks the counts before it finds the statement's result type changed, also where pgmemo
 /// would refuse the Bind itself because the server's statement has another shape than the

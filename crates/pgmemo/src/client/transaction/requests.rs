@@ -812,7 +812,11 @@ fn query(
                 link.retried = false;
                 link.batch.push(frame);
             }
+            let closed = !link.mid_batch && close_before_sql_prepare(&outcomes, link, out);
             emit_prep(&prep, false, link, out);
+            if closed && prep.is_empty() {
+                end_injected(link, out);
+            }
             entry.raised = raises;
             match text {
                 Some(text) => out.extend_from_slice(&frontend::query(&text)),
@@ -1634,11 +1638,34 @@ fn emit_prep(prep: &[ServerPrep], extended: bool, link: &mut Link<'_>, out: &mut
         }
     }
     if !extended && !prep.is_empty() {
-        out.extend_from_slice(&frontend::sync());
-        let mut sync = Entry::swallow(Expect::Sync);
-        sync.holds_error = true;
-        link.queue.push_back(sync);
+        end_injected(link, out);
     }
+}
+
+/// The Sync that closes messages pgmemo sends ahead of a client's Query.
+fn end_injected(link: &mut Link<'_>, out: &mut BytesMut) {
+    out.extend_from_slice(&frontend::sync());
+    let mut sync = Entry::swallow(Expect::Sync);
+    sync.holds_error = true;
+    link.queue.push_back(sync);
+}
+
+/// [`close_if_closing`] for the statements a Query's SQL-level `PREPARE`s create on the
+/// server: the Close goes ahead of the Query, in a batch of its own (the caller ends it with
+/// a Sync), so the server runs it whatever became of the eviction. Whether any was sent.
+fn close_before_sql_prepare(outcomes: &[Outcome], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
+    let before = out.len();
+    for outcome in outcomes {
+        if let Effect::Prepared {
+            statement,
+            created: true,
+            ..
+        } = &outcome.effect
+        {
+            close_if_closing(statement, link, out);
+        }
+    }
+    out.len() > before
 }
 
 /// The Parse (`parse`, the statement's own) that prepares the client's `statement` again on
