@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use pgmemo::config::{Seconds, Switch};
 use testkit::{
-    assert_pgbench_report, output, pg_client, rows, run_ok, sqlstate, within, LocalPostgres,
-    TempPostgres,
+    assert_pgbench_report, output, pg_client, rows, run_ok, sqlstate, unique, within,
+    LocalPostgres, TempPostgres,
 };
 use txn_support::{
     create_table, drop_table, evicting_pgmemo, evicting_pgmemo_at, lock_exclusive, msg, python,
@@ -182,6 +182,83 @@ async fn a_skipped_eviction_does_not_make_a_pipelined_sql_prepare_collide() {
     let direct = same_as_postgres(&steps).await;
     assert!(shows(&direct, " 1 A| ", "DataRow [1]"), "{direct:#?}");
     same_through_evicting(&direct, &steps).await;
+}
+
+/// A Describe of a portal tells the client the shape of the rows of the statement last bound
+/// to it, unless that Bind failed or was skipped: here the portal is still the one a `SET`
+/// left (NoData), and noting that as the query's shape made pgmemo refuse the query's next
+/// Bind with 0A000 as if its result type had changed (differential seed 21831).
+#[tokio::test]
+async fn a_portal_described_after_its_bind_was_skipped_teaches_no_row_shape() {
+    within(TEST_DEADLINE, async {
+        use Who::B;
+        let seq = unique("skipped_bind_seq");
+        LocalPostgres
+            .client(USER, DB)
+            .await
+            .batch_execute(&format!("CREATE SEQUENCE {seq}"))
+            .await
+            .unwrap();
+        let steps = vec![
+            (
+                B,
+                vec![msg::query("BEGIN ISOLATION LEVEL SERIALIZABLE; RESET ALL")],
+            ),
+            (
+                B,
+                vec![
+                    msg::parse("s2", &format!("SELECT nextval('{seq}') AS n"), &[]),
+                    msg::sync(),
+                ],
+            ),
+            (
+                B,
+                vec![
+                    msg::parse("s1", "SET DateStyle = 'ISO, MDY'", &[]),
+                    msg::bind("p1", "s1", &[]),
+                    msg::describe(b'P', "p1"),
+                    msg::execute("p1", 0),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                ],
+            ),
+            (
+                B,
+                vec![
+                    msg::parse("", "SELECT '2020-01-01 12:00'::timestamptz AS t", &[]),
+                    msg::bind("p1", "s2", &[]),
+                    msg::execute("p1", 0),
+                    msg::parse("s2", "SELECT 2 AS n, 3 AS s", &[]),
+                    msg::parse("s1", "RESET ALL", &[]),
+                    msg::sync(),
+                ],
+            ),
+            (
+                B,
+                vec![
+                    msg::describe(b'P', "p1"),
+                    msg::sync(),
+                    msg::bind("p1", "s1", &[]),
+                    msg::sync(),
+                ],
+            ),
+            (B, vec![msg::query("ROLLBACK")]),
+            (
+                B,
+                vec![
+                    msg::parse("s1", "RELEASE SAVEPOINT sp", &[]),
+                    msg::bind("p1", "s1", &[]),
+                    msg::execute("p1", 0),
+                    msg::sync(),
+                    msg::bind("", "s2", &[]),
+                    msg::close(b'P', "p1"),
+                    msg::sync(),
+                ],
+            ),
+        ];
+        same_as_postgres(&steps).await;
+    })
+    .await;
 }
 
 /// A Bind with a wrong parameter count fails with that count (08P01) as in PostgreSQL, which

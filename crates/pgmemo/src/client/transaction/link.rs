@@ -431,6 +431,32 @@ pub struct Link<'a> {
 }
 
 impl Link<'_> {
+    /// A Bind of `statement` failed or was skipped: the portal it named is not `statement`'s,
+    /// so a Describe of that portal, sent after it (`last_bound`, or already queued), tells
+    /// the client nothing of `statement`'s rows (differential seed 21831: the NoData of the
+    /// portal a `SET` had left was noted as the shape of a query's rows, and the query then
+    /// refused with 0A000). A later Bind of the same statement loses its note too: a missed
+    /// note only leaves pgmemo not refusing a changed shape the client never learnt.
+    pub fn forget_bound(&mut self, statement: &Arc<PreparedStatement>) {
+        if self
+            .last_bound
+            .as_ref()
+            .is_some_and(|(_, bound)| Arc::ptr_eq(bound, statement))
+        {
+            self.last_bound = None;
+        }
+        for entry in self.queue.iter_mut() {
+            if entry.expect == Expect::DescribePortal
+                && entry
+                    .uses
+                    .as_ref()
+                    .is_some_and(|u| Arc::ptr_eq(u, statement))
+            {
+                entry.uses = None;
+            }
+        }
+    }
+
     /// Undoes what a failed or skipped entry had assumed. `skipped`: the server skipped the
     /// message (an error earlier in its batch) rather than failing it.
     pub fn revert(&mut self, revert: Revert, skipped: bool) {

@@ -785,6 +785,9 @@ fn on_error(link: &mut Link<'_>, unreadable: bool) {
     // Undone last first: a Close and a Parse of one name are undone back to the first. The
     // first entry is the message that failed; the others were skipped.
     for (i, entry) in skipped.into_iter().enumerate().rev() {
+        if let (Expect::Bind, Some(statement)) = (entry.expect, &entry.uses) {
+            link.forget_bound(statement);
+        }
         link.revert_outcomes(&entry.outcomes[entry.next.min(entry.outcomes.len())..]);
         if let Some(revert) = entry.revert {
             link.revert(*revert, i != 0);
