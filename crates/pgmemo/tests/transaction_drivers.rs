@@ -17,8 +17,9 @@ use testkit::{
     LocalPostgres, TempPostgres,
 };
 use txn_support::{
-    create_table, drop_table, evicting_pgmemo, evicting_pgmemo_at, lock_exclusive, msg, python,
-    run_script, side_by_side, txn_pgmemo, value, Who, DB, TEST_DEADLINE, USER,
+    create_table, create_tenants, drop_table, drop_tenants, evicting_pgmemo, evicting_pgmemo_at,
+    lock_exclusive, msg, python, run_script, side_by_side, txn_pgmemo, value, Who, DB,
+    TEST_DEADLINE, USER,
 };
 
 /// Upper bound for one run of an external client program.
@@ -3445,17 +3446,7 @@ async fn a_duplicate_name_is_reported_after_the_texts_own_errors() {
 async fn clients_on_other_search_paths_prepare_their_own_statements() {
     use Who::{A, B};
     within(TEST_DEADLINE, async {
-        let admin = testkit::LocalPostgres.client(USER, DB).await;
-        let schemas = [testkit::unique("tenant_a"), testkit::unique("tenant_b")];
-        for (i, schema) in schemas.iter().enumerate() {
-            admin
-                .batch_execute(&format!(
-                    "CREATE SCHEMA {schema}; CREATE TABLE {schema}.accounts (v int); \
-                     INSERT INTO {schema}.accounts VALUES ({i})"
-                ))
-                .await
-                .unwrap();
-        }
+        let schemas = create_tenants("accounts", "v").await;
         let q = |sql: String| vec![msg::query(&sql)];
         let read = "SELECT v FROM accounts";
         let steps = vec![
@@ -3477,12 +3468,7 @@ async fn clients_on_other_search_paths_prepare_their_own_statements() {
                 .any(|l| l.starts_with(" 8 B| Error ERROR 42P01")),
             "{transcript:#?}"
         );
-        for schema in &schemas {
-            admin
-                .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-                .await
-                .unwrap();
-        }
+        drop_tenants(&schemas).await;
     })
     .await;
 }

@@ -21,8 +21,8 @@ use testkit::{
 };
 use tokio_postgres::{Client, NoTls, Statement};
 use txn_support::{
-    backend_pid, connect_with, create_table, db_message, drop_table, evicting_pgmemo, query_error,
-    txn_pgmemo, value, DB, SOON, TEST_DEADLINE, USER,
+    backend_pid, connect_with, create_table, create_tenants, db_message, drop_table, drop_tenants,
+    evicting_pgmemo, query_error, txn_pgmemo, value, DB, SOON, TEST_DEADLINE, USER,
 };
 
 /// What a fresh session on the local server shows for a setting.
@@ -540,17 +540,7 @@ async fn first_int(client: &Client, statement: &Statement) -> i32 {
 #[tokio::test]
 async fn clients_that_only_switch_search_path_keep_sharing_a_statement() {
     within(TEST_DEADLINE, async {
-        let tenants = [unique("tenant_a"), unique("tenant_b")];
-        let direct = LocalPostgres.client(USER, DB).await;
-        for (n, schema) in tenants.iter().enumerate() {
-            direct
-                .batch_execute(&format!(
-                    "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (x int); \
-                     INSERT INTO {schema}.t VALUES ({n})"
-                ))
-                .await
-                .unwrap();
-        }
+        let tenants = create_tenants("t", "x").await;
         let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |_| {}).await;
         let a = pgmemo.client(USER, DB).await;
         let b = pgmemo.client(USER, DB).await;
@@ -584,12 +574,7 @@ async fn clients_that_only_switch_search_path_keep_sharing_a_statement() {
         assert_eq!(first_int(&b, &on_b).await, 0);
         assert_eq!(pgmemo_statements(&a).await, 2, "A runs a copy of its own");
         pgmemo.shutdown().await;
-        for schema in &tenants {
-            direct
-                .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-                .await
-                .unwrap();
-        }
+        drop_tenants(&tenants).await;
     })
     .await
 }

@@ -142,6 +142,35 @@ pub async fn drop_table(t: &str) {
         .unwrap();
 }
 
+/// Two tenant schemas (a schema per tenant) on the local server under names no other test
+/// uses, created directly: each holds `table` (`column int`) with one row, 0 in the first
+/// and 1 in the second. Drop them with [`drop_tenants`].
+pub async fn create_tenants(table: &str, column: &str) -> [String; 2] {
+    let schemas = [unique("tenant_a"), unique("tenant_b")];
+    let direct = LocalPostgres.client(USER, DB).await;
+    for (i, schema) in schemas.iter().enumerate() {
+        direct
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.{table} ({column} int); \
+                 INSERT INTO {schema}.{table} VALUES ({i})"
+            ))
+            .await
+            .unwrap();
+    }
+    schemas
+}
+
+/// Drops the schemas of [`create_tenants`], directly.
+pub async fn drop_tenants(schemas: &[String; 2]) {
+    let direct = LocalPostgres.client(USER, DB).await;
+    for schema in schemas {
+        direct
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // One-time set-up shared by parallel test processes, and Python.
 

@@ -1194,7 +1194,6 @@ fn probe_bind(buf: &[u8], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
         // The client's shape.
         Some(here) if here == learnt => {
             link.probed = None;
-            link.refuse_bind = false;
             false
         }
         // Described afresh as another shape: the client's statement has another shape now,
@@ -1569,7 +1568,12 @@ fn close(frame: &Frame, link: &mut Link<'_>, out: &mut BytesMut) -> Result<bool,
 /// of it is still unanswered. The server skips that eviction if an error came earlier in its
 /// batch, and would then refuse to create the statement again (42P05 on pgmemo's own name);
 /// closing a statement the server lacks is no error. See `Revert::kept` for the records.
-fn close_if_closing(statement: &PreparedStatement, link: &mut Link<'_>, out: &mut BytesMut) {
+/// Whether it sent the Close.
+fn close_if_closing(
+    statement: &PreparedStatement,
+    link: &mut Link<'_>,
+    out: &mut BytesMut,
+) -> bool {
     let closing = link.queue.iter().any(|e| {
         e.revert
             .as_ref()
@@ -1583,6 +1587,7 @@ fn close_if_closing(statement: &PreparedStatement, link: &mut Link<'_>, out: &mu
         .encode(out);
         link.queue.push_back(Entry::swallow(Expect::Close));
     }
+    closing
 }
 
 /// Sends what `prep` asks for; in the simple protocol a Sync closes the injected messages.
@@ -1654,7 +1659,7 @@ fn end_injected(link: &mut Link<'_>, out: &mut BytesMut) {
 /// server: the Close goes ahead of the Query, in a batch of its own (the caller ends it with
 /// a Sync), so the server runs it whatever became of the eviction. Whether any was sent.
 fn close_before_sql_prepare(outcomes: &[Outcome], link: &mut Link<'_>, out: &mut BytesMut) -> bool {
-    let before = out.len();
+    let mut closed = false;
     for outcome in outcomes {
         if let Effect::Prepared {
             statement,
@@ -1662,10 +1667,10 @@ fn close_before_sql_prepare(outcomes: &[Outcome], link: &mut Link<'_>, out: &mut
             ..
         } = &outcome.effect
         {
-            close_if_closing(statement, link, out);
+            closed |= close_if_closing(statement, link, out);
         }
     }
-    out.len() > before
+    closed
 }
 
 /// The Parse (`parse`, the statement's own) that prepares the client's `statement` again on
