@@ -102,6 +102,10 @@ def resolve_targets(args, tools):
                 extra += ["--cache", "off"]
             if "--max-prepared-statements" in h:
                 extra += ["--max-prepared-statements", str(MAX_PREPARED_STATEMENTS)]
+            if args.pgmemo_promote:
+                if "--max-promoted-statements" not in h:
+                    raise SystemExit(f"--pgmemo-promote: {binary} has no --max-promoted-statements")
+                extra += ["--max-promoted-statements", str(args.pgmemo_promote)]
             setup["pgmemo_args"] = extra
             rev = "given with --pgmemo-bin" if args.pgmemo_bin else f"git {passthrough.git_rev()}"
             targets["pgmemo"]["note"] = (
@@ -500,6 +504,9 @@ def parse_args():
                    help="use TARGET_DIR/release/pgmemo as it is, build nothing")
     p.add_argument("--pgmemo-workers", type=int, default=1,
                    help="pgmemo --worker-threads (1, like PgBouncer's single thread; 0 = one per core)")
+    p.add_argument("--pgmemo-promote", type=int, default=0, metavar="N",
+                   help="pgmemo --max-promoted-statements N: unnamed statements seen again are "
+                        "bound from statements pgmemo prepared (0, pgmemo's default: off)")
     a = p.parse_args()
     if min(a.duration, a.rounds, a.scale, a.pool_size) < 1:
         p.error("--duration, --rounds, --scale and --pool-size must be ≥ 1")

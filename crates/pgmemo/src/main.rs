@@ -56,6 +56,10 @@ struct Cli {
     /// Server connections per (database, user) [default: 20].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pool_size: Option<u32>,
+    /// Transaction pooling: texts each server connection keeps prepared for clients that send
+    /// them as the unnamed statement, 0 = off [default: 0].
+    #[arg(long, value_name = "N")]
+    max_promoted_statements: Option<u32>,
     /// How clients authenticate [default: upstream].
     #[arg(long, value_name = "TYPE", value_parser = ["upstream", "trust", "md5", "scram-sha-256"])]
     auth_type: Option<String>,
@@ -107,6 +111,10 @@ impl Cli {
         );
         set("pool_mode", self.pool_mode.clone().map(Into::into));
         set("pool_size", self.pool_size.map(|n| i64::from(n).into()));
+        set(
+            "max_promoted_statements",
+            self.max_promoted_statements.map(|n| i64::from(n).into()),
+        );
         set("auth_type", self.auth_type.clone().map(Into::into));
         set(
             "auth_file",

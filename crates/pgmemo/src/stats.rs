@@ -19,6 +19,11 @@ pub struct Stats {
     pub prepared_hits: AtomicU64,
     /// Transaction pooling: statements pgmemo had to prepare on the attached server first.
     pub prepared_misses: AtomicU64,
+    /// Transaction pooling: executions of a client's unnamed statement that bound a statement
+    /// pgmemo had promoted on the attached server (`max_promoted_statements`).
+    pub promoted_uses: AtomicU64,
+    /// Transaction pooling: unnamed statements pgmemo prepared under a name of its own.
+    pub promoted_prepares: AtomicU64,
 }
 
 impl Stats {

@@ -22,6 +22,8 @@ pub fn show_stats(shared: &Shared) -> Table {
         ("protocol_errors", &s.protocol_errors),
         ("prepared_hits", &s.prepared_hits),
         ("prepared_misses", &s.prepared_misses),
+        ("promoted_uses", &s.promoted_uses),
+        ("promoted_prepares", &s.promoted_prepares),
     ] {
         t.row(vec![
             Some(name.to_owned()),

@@ -27,6 +27,7 @@ const KEYS: &[&str] = &[
     "pool_size",
     "min_pool_size",
     "max_prepared_statements",
+    "max_promoted_statements",
     "idle_transaction_timeout",
     "max_client_conn",
     "auth_type",

@@ -192,6 +192,10 @@ pub struct Config {
     /// Transaction pooling: statements each server connection keeps prepared for the clients
     /// it serves (least recently used ones are closed beyond this). Runtime.
     pub max_prepared_statements: usize,
+    /// Transaction pooling: texts each server connection keeps prepared under pgmemo's own
+    /// names for clients that send them as the unnamed statement (0: none, the default).
+    /// Runtime.
+    pub max_promoted_statements: usize,
     /// Transaction pooling: a client idle inside a transaction for longer than this is
     /// disconnected, so it cannot hold a server connection forever; 0 means never. Runtime.
     pub idle_transaction_timeout: Seconds,
@@ -296,6 +300,7 @@ impl Default for Config {
             pool_size: 20,
             min_pool_size: 0,
             max_prepared_statements: 500,
+            max_promoted_statements: 0,
             idle_transaction_timeout: Seconds(Duration::ZERO),
             max_client_conn: 1000,
             auth_type: AuthType::Upstream,

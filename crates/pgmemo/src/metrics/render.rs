@@ -87,6 +87,16 @@ fn clients_and_servers(page: &mut Exposition, shared: &Shared) {
             &s.prepared_misses,
             "Transaction pooling: statements prepared on the attached server first.",
         ),
+        (
+            "promoted_uses",
+            &s.promoted_uses,
+            "Transaction pooling: unnamed-statement executions bound from a promoted statement.",
+        ),
+        (
+            "promoted_prepares",
+            &s.promoted_prepares,
+            "Transaction pooling: unnamed statements prepared under a name of pgmemo's.",
+        ),
     ] {
         page.single(
             &format!("pgmemo_{name}_total"),
@@ -363,7 +373,7 @@ mod tests {
         let families = page.lines().filter(|l| l.starts_with("# TYPE ")).count();
         let helps = page.lines().filter(|l| l.starts_with("# HELP ")).count();
         assert_eq!(families, helps);
-        assert_eq!(families, 12 + 4 + 1 + 11 + 4 + 2 + 5 + 1, "{page}");
+        assert_eq!(families, 14 + 4 + 1 + 11 + 4 + 2 + 5 + 1, "{page}");
         assert_eq!(
             page.matches("pgmemo_cache_refusals_total{").count(),
             Refusal::ALL.len(),

@@ -10,6 +10,7 @@ mod clock;
 mod lease;
 mod listing;
 mod prepared;
+mod promoted;
 mod server;
 pub mod settings;
 mod trust;
@@ -29,6 +30,7 @@ pub use prepared::{
     ParamTypes, PreparedStatement, ServerStatements, Sharing, StatementKey, StatementRegistry,
     StatementSource,
 };
+pub use promoted::{PromotedStatements, Promotion};
 pub use server::{ServerConn, ServerCredential, ServerError, ServerSession};
 pub use trust::{Probe, Trust, TrustState};
 pub use wait::WaitTimer;

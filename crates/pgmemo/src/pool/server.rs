@@ -113,6 +113,9 @@ pub struct ServerSession {
     /// Statements whose plan went stale after DDL: closed before the next request, so that
     /// their next use prepares them again with the new result shape.
     pub stale: Vec<String>,
+    /// Texts clients sent as their unnamed statement, some prepared under pgmemo's names
+    /// (`max_promoted_statements`).
+    pub promoted: super::PromotedStatements,
 }
 
 impl ServerConn {

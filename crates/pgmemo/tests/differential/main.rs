@@ -419,6 +419,16 @@ async fn one_server_shared_by_two_clients() {
                 |c| c.max_prepared_statements = 2,
             )
             .await,
+            // Unnamed statements seen again bound from pgmemo's own, two texts per server.
+            tweaked_target(
+                direct,
+                "transaction pooling, 1 server, 2 promoted texts per server, cache off",
+                PoolMode::Transaction,
+                1,
+                Switch::Off,
+                |c| c.max_promoted_statements = 2,
+            )
+            .await,
         ];
         differential(direct, &prefix("x"), true, targets, seeds(1, 30)).await;
     })
@@ -473,6 +483,15 @@ async fn overlapping_transactions() {
                 2,
                 Switch::On,
                 |c| c.max_prepared_statements = 2,
+            )
+            .await,
+            tweaked_target(
+                direct,
+                "transaction pooling, 2 servers, 2 promoted texts per server, cache off",
+                PoolMode::Transaction,
+                2,
+                Switch::Off,
+                |c| c.max_promoted_statements = 2,
             )
             .await,
         ];

@@ -409,6 +409,11 @@ pub struct Link<'a> {
     /// the pool, which reads them first, as the sync before a request would reset them.
     pub read_back_due: bool,
     pub max_prepared: usize,
+    /// `max_promoted_statements` (0: unnamed statements are never promoted).
+    pub max_promoted: usize,
+    /// A promoted batch waits for the answer to its Bind (`promote`): the client's further
+    /// input waits too, as the batch may have to be sent again before it.
+    pub promoting: Option<super::promote::Promoting>,
     /// The client's messages of the current extended-protocol batch, or the simple Query
     /// that runs a SQL-level prepared statement, kept for a retry.
     pub batch: &'a mut BatchLog,
@@ -729,6 +734,12 @@ impl Link<'_> {
             && self.releasable()
     }
 
+    /// Whether the client's next message must wait: for the server to be released
+    /// ([`Self::waits_for_read_back`]) or for the answer to a promoted batch's Bind.
+    pub fn holds_input(&self) -> bool {
+        self.promoting.is_some() || self.waits_for_read_back()
+    }
+
     /// Every answer the server owes was delivered.
     pub fn owes_nothing(&self) -> bool {
         self.queue.is_empty() && self.plain.is_none()
@@ -803,7 +814,13 @@ impl BatchLog {
     /// Records one message.
     #[inline]
     pub fn push(&mut self, frame: &wire::Frame) {
-        let tag = frame.tag();
+        self.push_raw(frame.raw());
+    }
+
+    /// Records one message, given as its bytes (a whole frame).
+    #[inline]
+    pub fn push_raw(&mut self, raw: &[u8]) {
+        let tag = raw[0];
         if tag == wire::frontend::tag::EXECUTE && self.first_execute.is_none() {
             self.first_execute = Some(self.count);
         }
@@ -812,7 +829,6 @@ impl BatchLog {
         if self.overflowed {
             return;
         }
-        let raw = frame.raw();
         if self.bytes.len() + raw.len() > Self::MAX_BYTES || self.frames.len() >= Self::MAX_FRAMES {
             self.overflowed = true;
             self.bytes.clear();

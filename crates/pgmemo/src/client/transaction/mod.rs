@@ -12,6 +12,7 @@ mod commands;
 mod link;
 mod local;
 mod plain;
+mod promote;
 mod requests;
 mod responses;
 mod shape;
@@ -310,9 +311,14 @@ pub async fn run(
         server.stage_cancel(cancel);
         let idle_timeout = checkout.config.idle_transaction_timeout.0;
         let max_prepared = checkout.config.max_prepared_statements;
+        let max_promoted = checkout.config.max_promoted_statements;
         let before = (
             server.session.statements.hits,
             server.session.statements.misses,
+        );
+        let promoted_before = (
+            server.session.promoted.uses,
+            server.session.promoted.prepares,
         );
         let (attached, at_boundary) = serve_attached(
             client,
@@ -322,6 +328,7 @@ pub async fn run(
             AttachOptions {
                 max_message,
                 max_prepared,
+                max_promoted,
                 idle_timeout,
             },
             &mut buffers,
@@ -348,6 +355,19 @@ pub async fn run(
             stats
                 .prepared_misses
                 .fetch_add(misses, std::sync::atomic::Ordering::Relaxed);
+        }
+        let promoted = &server.session.promoted;
+        for (counter, now, before) in [
+            (&stats.promoted_uses, promoted.uses, promoted_before.0),
+            (
+                &stats.promoted_prepares,
+                promoted.prepares,
+                promoted_before.1,
+            ),
+        ] {
+            if now > before {
+                counter.fetch_add(now - before, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         if hits > 0 || misses > 0 {
             if let Some(listing) = &server.listing {
@@ -739,6 +759,7 @@ struct Buffers {
 struct AttachOptions {
     max_message: usize,
     max_prepared: usize,
+    max_promoted: usize,
     idle_timeout: Duration,
 }
 
@@ -780,6 +801,8 @@ async fn serve_attached(
         last_bound: None,
         read_back_due: false,
         max_prepared: opts.max_prepared,
+        max_promoted: opts.max_promoted,
+        promoting: None,
         batch: &mut buffers.batch,
         retry: None,
         retried: false,
@@ -954,7 +977,7 @@ impl Pumps<'_, '_> {
             let mut link = self.link.lock().unwrap_or_else(|e| e.into_inner());
             let mut translated = Ok(false);
             loop {
-                if link.waits_for_read_back() {
+                if link.holds_input() {
                     link.holding = true;
                     break;
                 }
@@ -1161,7 +1184,7 @@ impl Pumps<'_, '_> {
                     link.retried = true;
                 }
                 while link.retry.is_none() {
-                    if link.waits_for_read_back() {
+                    if link.holds_input() {
                         link.holding = true;
                         break;
                     }

@@ -92,6 +92,16 @@ fn take_plain(
         return false;
     }
     let parses = shape.parse.is_some();
+    if link.max_promoted > 0
+        && parses
+        && shape.kind == Plain::Batch
+        && super::promote::request(&buf[..shape.len], shape.same_parse, link, out)
+    {
+        buf.advance(shape.len);
+        link.plain = Some(Plain::Batch);
+        link.plain_parse = false;
+        return true;
+    }
     match (shape.kind, shape.parse) {
         (Plain::Query, _) => link.query_sent(),
         (Plain::Batch, Some(_)) if shape.same_parse => link.unnamed_parsed(None),

@@ -31,7 +31,7 @@ pub struct Processed {
     pub need: usize,
 }
 
-enum Action {
+pub(super) enum Action {
     Forward,
     Swallow,
     Replace(BytesMut),
@@ -75,12 +75,17 @@ pub fn process(
             continue;
         }
         let frame = &buf[at..at + header.frame_len];
-        let (action, ready) = match link.plain {
-            Some(plain) => (
+        let promoted = match link.promoting {
+            Some(_) => super::promote::on_message(header.tag, frame, link),
+            None => None,
+        };
+        let (action, ready) = match (promoted, link.plain) {
+            (Some(answer), _) => answer,
+            (None, Some(plain)) => (
                 Action::Forward,
                 on_plain_message(plain, header.tag, frame, link, params),
             ),
-            None => on_message(header.tag, frame, link, params),
+            (None, None) => on_message(header.tag, frame, link, params),
         };
         if header.tag == backend::tag::ERROR_RESPONSE && !matches!(action, Action::Swallow) {
             note_fatal(frame, link);
