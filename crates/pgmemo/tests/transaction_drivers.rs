@@ -185,6 +185,54 @@ async fn a_skipped_eviction_does_not_make_a_pipelined_sql_prepare_collide() {
     same_through_evicting(&direct, &steps).await;
 }
 
+/// A `set_config` in a query whose portal stops after its first row (Execute with a row
+/// limit: PortalSuspended, no CommandComplete) changed the setting all the same, also after a
+/// `SET` of the same setting earlier in the transaction: the client keeps the value
+/// `set_config` gave it after COMMIT, on its next server too (damaged-message fuzz seed 811,
+/// where pgmemo took the report for the `SET`'s and put back the `SET`'s value).
+#[tokio::test]
+async fn a_set_config_in_a_suspended_portal_counts_after_a_set() {
+    within(TEST_DEADLINE, async {
+        use Who::{A, B};
+        let steps = vec![
+            (A, vec![msg::query("BEGIN")]),
+            (
+                A,
+                vec![
+                    msg::parse("", "SET application_name = 'fz_one'", &[]),
+                    msg::bind("", "", &[]),
+                    msg::execute("", 0),
+                    msg::sync(),
+                ],
+            ),
+            (
+                A,
+                vec![
+                    msg::parse(
+                        "",
+                        "SELECT set_config('application_name', 'fz_two', false)",
+                        &[],
+                    ),
+                    msg::bind("p1", "", &[]),
+                    msg::describe(b'P', "p1"),
+                    msg::execute("p1", 1),
+                    msg::close(b'P', "p1"),
+                    msg::sync(),
+                ],
+            ),
+            (A, vec![msg::query("COMMIT")]),
+            (B, vec![msg::query("SHOW application_name")]),
+            (A, vec![msg::query("SHOW application_name")]),
+        ];
+        let direct = same_as_postgres(&steps).await;
+        assert!(
+            direct.iter().any(|l| l.contains("A| DataRow [fz_two]")),
+            "{direct:#?}"
+        );
+    })
+    .await
+}
+
 /// A Describe of a portal tells the client the shape of the rows of the statement last bound
 /// to it, unless that Bind failed or was skipped: here the portal is still the one a `SET`
 /// left (NoData), and noting that as the query's shape made pgmemo refuse the query's next

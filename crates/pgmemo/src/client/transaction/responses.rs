@@ -461,7 +461,18 @@ fn on_answer(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Action {
         | (Expect::Close, backend::tag::CLOSE_COMPLETE)
         | (Expect::DescribeStatement | Expect::DescribePortal, backend::tag::ROW_DESCRIPTION)
         | (Expect::DescribeStatement | Expect::DescribePortal, backend::tag::NO_DATA)
-        | (Expect::Execute, backend::tag::EMPTY_QUERY_RESPONSE | backend::tag::PORTAL_SUSPENDED) => {
+        | (Expect::Execute, backend::tag::EMPTY_QUERY_RESPONSE) => true,
+        (Expect::Execute, backend::tag::PORTAL_SUSPENDED) => {
+            // The portal ran part way: settings its code changed unseen (`set_config` in a
+            // query) count from now on, as they would at its CommandComplete; a `SET` the
+            // same transaction ran does not account for the report of such a change.
+            let outcome = entry.outcomes.get(entry.next).cloned();
+            if outcome
+                .as_ref()
+                .is_some_and(|o| matches!(o.effect, Effect::SettingsUnknown { .. }))
+            {
+                completed(b"", outcome, link);
+            }
             true
         }
         (Expect::Query, backend::tag::EMPTY_QUERY_RESPONSE) => {
