@@ -233,6 +233,43 @@ async fn a_set_config_in_a_suspended_portal_counts_after_a_set() {
     .await
 }
 
+/// A function that sets a reported setting (here `application_name`) in a later request of
+/// the transaction than a `SET` of the same setting: the server's report of the function's
+/// value is not the `SET`'s, and the function's value is what the client keeps after COMMIT.
+#[tokio::test]
+async fn a_function_setting_what_a_set_set_earlier_in_the_transaction_counts() {
+    within(TEST_DEADLINE, async {
+        use Who::{A, B};
+        let f = unique("set_app_name");
+        let direct = LocalPostgres.client(USER, DB).await;
+        direct
+            .batch_execute(&format!(
+                "CREATE FUNCTION {f}() RETURNS text LANGUAGE plpgsql AS $$ BEGIN \
+                 PERFORM set_config('application_name', 'fz_three', false); RETURN 'x'; END $$"
+            ))
+            .await
+            .unwrap();
+        let steps = vec![
+            (A, vec![msg::query("BEGIN")]),
+            (A, vec![msg::query("SET application_name = 'fz_one'")]),
+            (A, vec![msg::query(&format!("SELECT {f}()"))]),
+            (A, vec![msg::query("COMMIT")]),
+            (B, vec![msg::query("SHOW application_name")]),
+            (A, vec![msg::query("SHOW application_name")]),
+        ];
+        let answers = same_as_postgres(&steps).await;
+        direct
+            .batch_execute(&format!("DROP FUNCTION {f}()"))
+            .await
+            .unwrap();
+        assert!(
+            answers.iter().any(|l| l.contains("A| DataRow [fz_three]")),
+            "{answers:#?}"
+        );
+    })
+    .await
+}
+
 /// A Describe of a portal tells the client the shape of the rows of the statement last bound
 /// to it, unless that Bind failed or was skipped: here the portal is still the one a `SET`
 /// left (NoData), and noting that as the query's shape made pgmemo refuse the query's next

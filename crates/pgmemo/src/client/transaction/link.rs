@@ -341,12 +341,20 @@ pub struct TxnTrack {
 /// Which ParameterStatus messages the client's own statements account for; any other
 /// comes from code pgmemo cannot see into (a function, `DO`, `CALL`, `set_config`) or from a
 /// configuration reload on the server.
+///
+/// PostgreSQL reports the settings a request changed just before its ReadyForQuery, so a
+/// `SET` accounts only for reports before the next ReadyForQuery: a function that sets the
+/// same setting in a later request of the transaction is reported, and counts, as code
+/// pgmemo cannot see into (its value is the one that commits).
 #[derive(Default)]
 pub struct Explained {
     /// Settings the transaction's statements changed, by name.
     names: Vec<String>,
     /// A statement changed settings pgmemo does not name (`RESET ALL`, a role).
     all: bool,
+    /// `names` and `all` of the changes since the last ReadyForQuery.
+    recent: Vec<String>,
+    recent_all: bool,
 }
 
 impl Explained {
@@ -358,15 +366,30 @@ impl Explained {
     /// Counts a change to `name` (every setting: `None`).
     pub fn add(&mut self, name: Option<&str>) {
         match name {
-            Some(n) if !self.all => self.names.push(n.to_owned()),
-            Some(_) => {}
-            None => self.all = true,
+            Some(n) => {
+                if !self.all {
+                    self.names.push(n.to_owned());
+                }
+                if !self.recent_all {
+                    self.recent.push(n.to_owned());
+                }
+            }
+            None => {
+                self.all = true;
+                self.recent_all = true;
+            }
         }
     }
 
-    /// Whether a report of `name` is accounted for.
+    /// Whether a report of `name` is accounted for: a change since the last ReadyForQuery.
     pub fn covers(&self, name: &str) -> bool {
-        self.all || self.names.iter().any(|n| n.eq_ignore_ascii_case(name))
+        self.recent_all || self.recent.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+
+    /// A ReadyForQuery came: the reports of the changes before it came with it.
+    pub fn reported(&mut self) {
+        self.recent.clear();
+        self.recent_all = false;
     }
 }
 

@@ -821,6 +821,7 @@ fn on_error(link: &mut Link<'_>, unreadable: bool) {
 /// ReadyForQuery: a transaction that ended settles its setting changes; a ROLLBACK TO
 /// SAVEPOINT may have undone some of them, which pgmemo cannot tell apart.
 fn on_ready(link: &mut Link<'_>, status: TransactionStatus) {
+    link.txn.explained.reported();
     match status {
         TransactionStatus::Idle => {
             let mut txn = std::mem::take(&mut link.txn);
