@@ -236,6 +236,7 @@ async fn a_set_config_in_a_suspended_portal_counts_after_a_set() {
 /// A function that sets a reported setting (here `application_name`) in a later request of
 /// the transaction than a `SET` of the same setting: the server's report of the function's
 /// value is not the `SET`'s, and the function's value is what the client keeps after COMMIT.
+/// The same for a `DO` block after a `SET` in one request (one report for both).
 #[tokio::test]
 async fn a_function_setting_what_a_set_set_earlier_in_the_transaction_counts() {
     within(TEST_DEADLINE, async {
@@ -256,6 +257,16 @@ async fn a_function_setting_what_a_set_set_earlier_in_the_transaction_counts() {
             (A, vec![msg::query("COMMIT")]),
             (B, vec![msg::query("SHOW application_name")]),
             (A, vec![msg::query("SHOW application_name")]),
+            (
+                A,
+                vec![msg::query(
+                    "BEGIN; SET application_name = 'fz_one'; DO $$ BEGIN \
+                     PERFORM set_config('application_name', 'fz_four', false); END $$",
+                )],
+            ),
+            (A, vec![msg::query("COMMIT")]),
+            (B, vec![msg::query("SHOW application_name")]),
+            (A, vec![msg::query("SHOW application_name")]),
         ];
         let answers = same_as_postgres(&steps).await;
         direct
@@ -263,7 +274,8 @@ async fn a_function_setting_what_a_set_set_earlier_in_the_transaction_counts() {
             .await
             .unwrap();
         assert!(
-            answers.iter().any(|l| l.contains("A| DataRow [fz_three]")),
+            answers.iter().any(|l| l.contains("A| DataRow [fz_three]"))
+                && answers.iter().any(|l| l.contains("A| DataRow [fz_four]")),
             "{answers:#?}"
         );
     })

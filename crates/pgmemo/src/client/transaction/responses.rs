@@ -592,6 +592,8 @@ fn completed(body: &[u8], outcome: Option<Outcome>, link: &mut Link<'_>) -> Opti
             link.txn.pending.extend(changes);
         }
         Effect::SettingsUnknown { verify } => {
+            // A report later in this request may be this code's, not a `SET`'s before it.
+            link.txn.explained.reported();
             link.server.settings.unknown = true;
             for name in &verify {
                 link.client.read_back_later(name);
