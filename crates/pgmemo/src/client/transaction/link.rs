@@ -440,6 +440,9 @@ pub struct Link<'a> {
     /// The client's messages of the current extended-protocol batch, or the simple Query
     /// that runs a SQL-level prepared statement, kept for a retry.
     pub batch: &'a mut BatchLog,
+    /// The promoted batch in flight as the client sent it, to send again should it fail
+    /// (`promote`): copied whole, split into `batch` only then.
+    pub promoted_batch: &'a mut bytes::BytesMut,
     /// Replay `batch[n..]`: a statement's plan went stale and the batch is retried once.
     pub retry: Option<usize>,
     /// This batch was retried already.

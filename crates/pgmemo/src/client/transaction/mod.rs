@@ -751,6 +751,8 @@ struct Buffers {
     server_out: BytesMut,
     queue: VecDeque<link::Entry>,
     batch: link::BatchLog,
+    /// A promoted batch as the client sent it (`promote`).
+    promoted_batch: BytesMut,
     /// Kept for its hasher: a new map draws random keys (a tenth of the relay's own work
     /// on a short transaction).
     portals: Map<bytes::Bytes, Arc<commands::Outcome>>,
@@ -804,6 +806,7 @@ async fn serve_attached(
         max_promoted: opts.max_promoted,
         promoting: None,
         batch: &mut buffers.batch,
+        promoted_batch: &mut buffers.promoted_batch,
         retry: None,
         retried: false,
         skip_parameter_description: false,

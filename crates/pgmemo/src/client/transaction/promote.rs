@@ -26,6 +26,21 @@ use super::link::{Link, Unnamed};
 use super::responses::Action;
 use crate::pool::Promotion;
 
+/// The answers to the client's Parse and Bind: ParseComplete, then BindComplete (both
+/// without a body).
+const PARSE_AND_BIND_COMPLETE: [u8; 10] = [
+    backend::tag::PARSE_COMPLETE,
+    0,
+    0,
+    0,
+    4,
+    backend::tag::BIND_COMPLETE,
+    0,
+    0,
+    0,
+    4,
+];
+
 /// A promoted batch whose Bind the server has not answered yet.
 #[derive(Debug)]
 pub struct Promoting {
@@ -82,13 +97,8 @@ pub fn request(batch: &[u8], same_parse: bool, link: &mut Link<'_>, out: &mut By
     frame(out, tag::BIND, &[b"\0", &name, b"\0", &bind_body[2..]]);
     out.extend_from_slice(&batch[parts.bind.end..]);
     // Kept to be sent again as it was.
-    link.batch.clear();
-    let mut at = 0;
-    while at < batch.len() {
-        let len = FrameHeader::SIZE - 4 + frame_len(&batch[at..]);
-        link.batch.push_raw(&batch[at..at + len]);
-        at += len;
-    }
+    link.promoted_batch.clear();
+    link.promoted_batch.extend_from_slice(batch);
     link.promoting = Some(Promoting {
         key,
         create,
@@ -118,18 +128,16 @@ pub fn on_message(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Option<(Action,
         }
         backend::tag::BIND_COMPLETE if !p.failed => {
             let p = link.promoting.take().expect("promoting");
-            let mut answer = match p.notices {
-                Some(notices) => {
+            client_parsed(link, p.parse, true);
+            match p.notices {
+                Some(mut notices) => {
                     let promoted = &mut link.server.promoted;
                     promoted.forget(p.key, true, &mut link.server.stale);
-                    notices
+                    notices.extend_from_slice(&PARSE_AND_BIND_COMPLETE);
+                    (Action::Replace(notices), false)
                 }
-                None => BytesMut::with_capacity(2 * FrameHeader::SIZE),
-            };
-            answer.extend_from_slice(&[backend::tag::PARSE_COMPLETE, 0, 0, 0, 4]);
-            answer.extend_from_slice(frame);
-            client_parsed(link, p.parse, true);
-            (Action::Replace(answer), false)
+                None => (Action::ReplaceStatic(&PARSE_AND_BIND_COMPLETE), false),
+            }
         }
         backend::tag::ERROR_RESPONSE if !p.failed => {
             let (key, create, parsed) = (p.key, p.create, p.parsed);
@@ -165,6 +173,14 @@ pub fn on_message(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Option<(Action,
         backend::tag::READY_FOR_QUERY if p.failed => {
             link.promoting = None;
             link.plain = None;
+            link.batch.clear();
+            let batch = &link.promoted_batch[..];
+            let mut at = 0;
+            while at < batch.len() {
+                let len = FrameHeader::SIZE - 4 + frame_len(&batch[at..]);
+                link.batch.push_raw(&batch[at..at + len]);
+                at += len;
+            }
             // The failed attempt ran nothing: the client's batch goes again, as it was.
             link.retry = Some(0);
             link.retried = true;
@@ -247,6 +263,7 @@ fn frame_len(bytes: &[u8]) -> usize {
 /// Appends a frame of type `tag` whose body is `parts` in order.
 fn frame(out: &mut BytesMut, tag: u8, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.reserve(FrameHeader::SIZE + len);
     out.extend_from_slice(&[tag]);
     out.extend_from_slice(&((len + 4) as u32).to_be_bytes());
     for part in parts {

@@ -35,6 +35,8 @@ pub(super) enum Action {
     Forward,
     Swallow,
     Replace(BytesMut),
+    /// pgmemo's own bytes in place of the message.
+    ReplaceStatic(&'static [u8]),
 }
 
 /// Processes the complete frames in `buf` (and pgmemo's own answers that are due).
@@ -97,20 +99,22 @@ pub fn process(
                     cache.observe(header.tag, frame, status);
                 }
                 // Not what the server said: never stored.
-                Action::Replace(_) => cache.observe(b'?', frame, None),
+                Action::Replace(_) | Action::ReplaceStatic(_) => cache.observe(b'?', frame, None),
                 Action::Swallow => {}
             }
         }
         match action {
             Action::Forward if verbatim => {}
             Action::Forward => out.extend_from_slice(frame),
-            Action::Swallow | Action::Replace(_) => {
+            Action::Swallow | Action::Replace(_) | Action::ReplaceStatic(_) => {
                 if verbatim {
                     out.extend_from_slice(&buf[..at]);
                     verbatim = false;
                 }
-                if let Action::Replace(bytes) = action {
-                    out.extend_from_slice(&bytes);
+                match action {
+                    Action::Replace(bytes) => out.extend_from_slice(&bytes),
+                    Action::ReplaceStatic(bytes) => out.extend_from_slice(bytes),
+                    _ => {}
                 }
             }
         }
