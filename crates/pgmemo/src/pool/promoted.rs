@@ -148,6 +148,13 @@ impl PromotedStatements {
         }
     }
 
+    /// Whether the connection holds the statement `name` prepared for the text `key`.
+    pub fn holds(&self, key: u64, name: &[u8]) -> bool {
+        self.slots
+            .get(&key)
+            .is_some_and(|s| matches!(&s.state, SlotState::Prepared(n) if n[..] == *name))
+    }
+
     /// Statements prepared on the connection now.
     pub fn prepared(&self) -> usize {
         self.slots

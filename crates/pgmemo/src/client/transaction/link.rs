@@ -27,6 +27,9 @@ pub struct Unnamed {
     /// `parse` is the client's own message, which planning found plain (nothing to track or
     /// rewrite): an identical Parse needs no decoding or planning.
     pub plain: bool,
+    /// The statement pgmemo bound in place of this one (`promote`): (key, name) on the server
+    /// it was promoted on.
+    pub promoted: Option<(u64, Bytes)>,
 }
 
 /// `ServerSession::unnamed` of a server whose unnamed statement is pgmemo's own (the `DO`
@@ -686,6 +689,7 @@ impl Link<'_> {
             None => {
                 if let Some(u) = self.client.unnamed.as_mut() {
                     u.seq = seq;
+                    u.promoted = None;
                 }
             }
         }

@@ -110,6 +110,7 @@ fn take_plain(
             parse: Bytes::copy_from_slice(&buf[parse]),
             outcome: None,
             plain: true,
+            promoted: None,
         })),
         (Plain::Batch, None) => {}
     }

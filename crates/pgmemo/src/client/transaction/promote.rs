@@ -45,6 +45,8 @@ const PARSE_AND_BIND_COMPLETE: [u8; 10] = [
 #[derive(Debug)]
 pub struct Promoting {
     key: u64,
+    /// pgmemo's name of the statement on the server.
+    name: Bytes,
     /// pgmemo's Parse of the text goes ahead of the Bind.
     create: bool,
     /// That Parse succeeded.
@@ -101,6 +103,7 @@ pub fn request(batch: &[u8], same_parse: bool, link: &mut Link<'_>, out: &mut By
     link.promoted_batch.extend_from_slice(batch);
     link.promoting = Some(Promoting {
         key,
+        name,
         create,
         parsed: false,
         failed: false,
@@ -129,6 +132,11 @@ pub fn on_message(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Option<(Action,
         backend::tag::BIND_COMPLETE if !p.failed => {
             let p = link.promoting.take().expect("promoting");
             client_parsed(link, p.parse, true);
+            if p.notices.is_none() {
+                if let Some(unnamed) = link.client.unnamed.as_mut() {
+                    unnamed.promoted = Some((p.key, p.name));
+                }
+            }
             match p.notices {
                 Some(mut notices) => {
                     let promoted = &mut link.server.promoted;
@@ -195,20 +203,49 @@ pub fn on_message(tag: u8, frame: &[u8], link: &mut Link<'_>) -> Option<(Action,
     })
 }
 
+/// The server's name of the statement a Bind or Describe of the client's unnamed statement
+/// is to use, when the client's last Parse of it was promoted and this server holds that
+/// statement: PostgreSQL's would be the statement as analysed then (failing with `cached
+/// plan must not change result type` after DDL changed its rows), which the promoted one is
+/// and a Parse of the text now would not be.
+pub fn unnamed_in_use(link: &Link<'_>) -> Option<Bytes> {
+    if link.cache.is_some() {
+        return None;
+    }
+    let unnamed = link.client.unnamed.as_ref()?;
+    if link.server.unnamed == Some((link.client.tag, unnamed.seq)) {
+        return None;
+    }
+    let (key, name) = unnamed.promoted.as_ref()?;
+    link.server.promoted.holds(*key, name).then(|| name.clone())
+}
+
 /// The client's records after its Parse, as the general path keeps them: its unnamed
 /// statement is the text parsed (`parse`, or the one it had when it sent the same again), or
 /// none when the Parse failed. The server's unnamed statement is what it was.
 fn client_parsed(link: &mut Link<'_>, parse: Option<Bytes>, ok: bool) {
     if !ok {
         link.client.unnamed = None;
-    } else if let Some(parse) = parse {
-        link.client.parses += 1;
-        link.client.unnamed = Some(Unnamed {
-            seq: link.client.parses,
-            parse,
-            outcome: None,
-            plain: true,
-        });
+        return;
+    }
+    // A new number even for the same text: a server's unnamed statement parsed from it
+    // earlier is not the one the client has now (DDL may have come between).
+    link.client.parses += 1;
+    let seq = link.client.parses;
+    match (parse, link.client.unnamed.as_mut()) {
+        (None, Some(unnamed)) => {
+            unnamed.seq = seq;
+            unnamed.promoted = None;
+        }
+        (parse, _) => {
+            link.client.unnamed = parse.map(|parse| Unnamed {
+                seq,
+                parse,
+                outcome: None,
+                plain: true,
+                promoted: None,
+            })
+        }
     }
 }
 

@@ -116,6 +116,18 @@ pub fn translate(
                         link.queue.push_back(Entry::local(answer.freeze()));
                         return Ok(true);
                     }
+                    if name.is_empty() {
+                        if let Some(server_name) = super::promote::unnamed_in_use(link) {
+                            Describe {
+                                target: Target::Statement,
+                                name: server_name,
+                            }
+                            .encode(out);
+                            link.queue
+                                .push_back(Entry::forward(Expect::DescribeStatement));
+                            return Ok(false);
+                        }
+                    }
                     let parameters = recorded
                         .filter(|d| d.rows == Some(true) && !link.may_be_aborted())
                         .map(|d| d.parameters);
@@ -674,6 +686,7 @@ fn send_unnamed_parse(
         parse,
         outcome,
         plain,
+        promoted: None,
     }));
     link.queue.push_back(entry);
 }
@@ -1069,6 +1082,29 @@ fn bind(
         return Ok(());
     }
     let tail = Some(&rest[stmt_end + 1..]);
+    if name.is_empty() {
+        if let Some(server_name) = super::promote::unnamed_in_use(link) {
+            if let Some(e) = tail.and_then(|tail| unnamed_bind_count_error(link, tail)) {
+                emit_refusal(&e, link, out);
+                return Ok(());
+            }
+            let tail = &rest[stmt_end + 1..];
+            let len = 4 + portal.len() + 1 + server_name.len() + 1 + tail.len();
+            out.reserve(1 + len);
+            out.put_u8(frontend::tag::BIND);
+            out.put_u32(len as u32);
+            out.put_slice(portal);
+            out.put_u8(0);
+            out.put_slice(&server_name);
+            out.put_u8(0);
+            out.put_slice(tail);
+            if !link.portals.is_empty() {
+                link.portals.remove(portal);
+            }
+            link.queue.push_back(Entry::forward(Expect::Bind));
+            return Ok(());
+        }
+    }
     let Some(statement) = statement_for_use(name, tail, link, registry, out) else {
         return Ok(());
     };

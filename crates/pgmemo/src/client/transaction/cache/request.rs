@@ -255,6 +255,7 @@ impl TxnCache {
                     parse: Bytes::copy_from_slice(parse),
                     outcome: None,
                     plain: false,
+                    promoted: None,
                 });
             }
         }
