@@ -403,8 +403,9 @@ fn conversation(seed: u64, t: &str) -> Vec<(Who, Vec<Vec<u8>>)> {
     steps
 }
 
-/// Random conversations (`PGMEMO_PROMOTE_SEEDS=n` runs more, `PGMEMO_PROMOTE_SEED=s` one)
-/// through pgmemo promoting two texts per server get PostgreSQL's answers.
+/// Random conversations (`PGMEMO_PROMOTE_SEEDS=n` runs more, `PGMEMO_PROMOTE_SEED=s` one,
+/// `PGMEMO_PROMOTE_PRINT=1` prints them) through pgmemo promoting two texts per server get
+/// PostgreSQL's answers.
 #[tokio::test]
 async fn random_conversations_with_promoted_statements_answer_as_postgres_does() {
     let seeds: Vec<u64> = match std::env::var("PGMEMO_PROMOTE_SEED") {
@@ -417,6 +418,11 @@ async fn random_conversations_with_promoted_statements_answer_as_postgres_does()
             (1..=n).collect()
         }
     };
+    // `PGMEMO_PROMOTE_SERVERS=2`: the clients' requests may go to either of two servers.
+    let servers = std::env::var("PGMEMO_PROMOTE_SERVERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
     let t = unique("promoted_random");
     let mut promoted = 0;
     for seed in seeds {
@@ -438,7 +444,7 @@ async fn random_conversations_with_promoted_statements_answer_as_postgres_does()
             }
         }
         let direct = run_script(LocalPostgres::PORT, &steps).await;
-        let pgmemo = txn_pgmemo(LocalPostgres::PORT, 1, |c| {
+        let pgmemo = txn_pgmemo(LocalPostgres::PORT, servers, |c| {
             c.cache = Switch::Off;
             c.max_promoted_statements = 2;
         })
