@@ -264,6 +264,17 @@ async fn a_promoted_unnamed_statement_bound_again_after_ddl_fails_as_in_postgres
         (A, unnamed(&select, &[Some("1")])),
         (A, unnamed(&select, &[Some("1")])),
         (A, bind_only("1")),
+        // A Bind whose parameter count does not fit: PostgreSQL's error names the client's
+        // statement, "" (damaged-message fuzz seed 823 with promotion on: 65280 read as -256).
+        (
+            A,
+            vec![
+                msg::frame(b'B', b"\0\0\0\0\xff\x00\0\0"),
+                msg::execute("", 0),
+                msg::sync(),
+            ],
+        ),
+        (A, unnamed(&select, &[Some("1")])),
         (A, unnamed(&select, &[Some("1")])),
         (B, unnamed(&select, &[Some("1")])),
         (

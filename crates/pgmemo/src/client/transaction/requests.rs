@@ -1083,12 +1083,12 @@ fn bind(
     }
     let tail = Some(&rest[stmt_end + 1..]);
     if name.is_empty() {
-        if let Some(server_name) = super::promote::unnamed_in_use(link) {
-            if let Some(e) = tail.and_then(|tail| unnamed_bind_count_error(link, tail)) {
-                emit_refusal(&e, link, out);
-                return Ok(());
-            }
-            let tail = &rest[stmt_end + 1..];
+        let tail = &rest[stmt_end + 1..];
+        // Only a Bind whose counts fit goes to the promoted statement: PostgreSQL's errors
+        // about them name the statement, which is "" for the client.
+        let promoted =
+            super::promote::unnamed_in_use(link).filter(|_| unnamed_bind_counts_fit(link, tail));
+        if let Some(server_name) = promoted {
             let len = 4 + portal.len() + 1 + server_name.len() + 1 + tail.len();
             out.reserve(1 + len);
             out.put_u8(frontend::tag::BIND);
@@ -1311,6 +1311,36 @@ fn unnamed_elsewhere(link: &Link<'_>) -> Option<Parse> {
         return None;
     }
     Parse::decode(unnamed.parse.slice(5..)).ok()
+}
+
+/// Whether a Bind of the client's unnamed statement (`tail`: after the statement name)
+/// supplies as many parameters as its text requires, with as many formats, as far as lexing
+/// the text tells (`false` when it cannot tell).
+fn unnamed_bind_counts_fit(link: &Link<'_>, tail: &[u8]) -> bool {
+    let count_at = |at: usize| {
+        tail.get(at..at + 2)
+            .map(|c| usize::from(u16::from_be_bytes([c[0], c[1]])))
+    };
+    let Some(formats) = count_at(0) else {
+        return false;
+    };
+    let Some(params) = count_at(2 + 2 * formats) else {
+        return false;
+    };
+    let Some(parse) = link
+        .client
+        .unnamed
+        .as_ref()
+        .and_then(|u| Parse::decode(u.parse.slice(5..)).ok())
+    else {
+        return false;
+    };
+    let Ok(text) = std::str::from_utf8(&parse.query) else {
+        return false;
+    };
+    let settings = link.client.settings.parse_digest();
+    (formats <= 1 || formats == params)
+        && lexed_count(text, &parse.param_types, settings) == Some(params)
 }
 
 /// [`bind_count_error`] for the client's unnamed statement, when the server lacks it.
