@@ -24,6 +24,15 @@ fn unnamed(sql: &str, params: &[Option<&str>]) -> Vec<Vec<u8>> {
     ]
 }
 
+/// A Bind of the unnamed statement without a Parse, to `param`, executed.
+fn bind_only(param: &str) -> Vec<Vec<u8>> {
+    vec![
+        msg::bind("", "", &[Some(param)]),
+        msg::execute("", 0),
+        msg::sync(),
+    ]
+}
+
 /// pgmemo over the local server's one connection (so clients A and B share it, and so do
 /// the parts of a script), cache off, promoting up to 10 texts.
 async fn promoting_pgmemo() -> testkit::PgmemoInstance {
@@ -186,13 +195,6 @@ async fn clients_sharing_promoted_statements_keep_their_own_unnamed_statements()
     let select = format!("SELECT v FROM {t} WHERE id = $1");
     let other = format!("SELECT id FROM {t} WHERE v = $1");
     let run = |who: Who, param: &str| (who, unnamed(&select, &[Some(param)]));
-    let bind_only = |param: &str| {
-        vec![
-            msg::bind("", "", &[Some(param)]),
-            msg::execute("", 0),
-            msg::sync(),
-        ]
-    };
     let mut three = unnamed(&select, &[Some("1")]);
     three.extend(unnamed(&other, &[Some("two")]));
     three.extend(unnamed(&select, &[Some("2")]));
@@ -247,13 +249,6 @@ async fn a_promoted_unnamed_statement_bound_again_after_ddl_fails_as_in_postgres
     use Who::{A, B};
     let t = unique("promoted_rebind");
     let select = format!("SELECT * FROM {t} WHERE id = $1");
-    let bind_only = |param: &str| {
-        vec![
-            msg::bind("", "", &[Some(param)]),
-            msg::execute("", 0),
-            msg::sync(),
-        ]
-    };
     let steps: Vec<(Who, Vec<Vec<u8>>)> = vec![
         (
             A,
@@ -374,11 +369,7 @@ fn conversation(seed: u64, t: &str) -> Vec<(Who, Vec<Vec<u8>>)> {
                 two.extend(unnamed(&texts[rng.below(texts.len())], &[Some("2")]));
                 two
             }
-            6 => vec![
-                msg::bind("", "", &[Some(param)]),
-                msg::execute("", 0),
-                msg::sync(),
-            ],
+            6 => bind_only(param),
             7 if !in_block[0] && !in_block[1] => {
                 columns += 1;
                 vec![msg::query(&format!(

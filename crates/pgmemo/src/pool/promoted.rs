@@ -156,7 +156,8 @@ impl PromotedStatements {
     }
 
     /// Statements prepared on the connection now.
-    pub fn prepared(&self) -> usize {
+    #[cfg(test)]
+    fn prepared(&self) -> usize {
         self.slots
             .values()
             .filter(|s| matches!(s.state, SlotState::Prepared(_)))

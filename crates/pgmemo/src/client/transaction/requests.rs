@@ -1089,15 +1089,7 @@ fn bind(
         let promoted =
             super::promote::unnamed_in_use(link).filter(|_| unnamed_bind_counts_fit(link, tail));
         if let Some(server_name) = promoted {
-            let len = 4 + portal.len() + 1 + server_name.len() + 1 + tail.len();
-            out.reserve(1 + len);
-            out.put_u8(frontend::tag::BIND);
-            out.put_u32(len as u32);
-            out.put_slice(portal);
-            out.put_u8(0);
-            out.put_slice(&server_name);
-            out.put_u8(0);
-            out.put_slice(tail);
+            bind_renamed(portal, &server_name, tail, out);
             if !link.portals.is_empty() {
                 link.portals.remove(portal);
             }
@@ -1113,19 +1105,12 @@ fn bind(
     }
     match &statement {
         None => out.extend_from_slice(frame.raw()),
-        Some(statement) => {
-            let server_name = &statement.name;
-            let tail = &rest[stmt_end + 1..];
-            let len = 4 + portal.len() + 1 + server_name.len() + 1 + tail.len();
-            out.reserve(1 + len);
-            out.put_u8(frontend::tag::BIND);
-            out.put_u32(len as u32);
-            out.put_slice(portal);
-            out.put_u8(0);
-            out.put_slice(server_name.as_bytes());
-            out.put_u8(0);
-            out.put_slice(tail);
-        }
+        Some(statement) => bind_renamed(
+            portal,
+            statement.name.as_bytes(),
+            &rest[stmt_end + 1..],
+            out,
+        ),
     }
     let outcome = if name.is_empty() {
         link.client.unnamed.as_ref().and_then(|u| u.outcome.clone())
@@ -1311,6 +1296,20 @@ fn unnamed_elsewhere(link: &Link<'_>) -> Option<Parse> {
         return None;
     }
     Parse::decode(unnamed.parse.slice(5..)).ok()
+}
+
+/// The client's Bind of `portal` to the server's statement `server_name` (`tail`: the Bind
+/// after the statement name, as the client sent it).
+fn bind_renamed(portal: &[u8], server_name: &[u8], tail: &[u8], out: &mut BytesMut) {
+    let len = 4 + portal.len() + 1 + server_name.len() + 1 + tail.len();
+    out.reserve(1 + len);
+    out.put_u8(frontend::tag::BIND);
+    out.put_u32(len as u32);
+    out.put_slice(portal);
+    out.put_u8(0);
+    out.put_slice(server_name);
+    out.put_u8(0);
+    out.put_slice(tail);
 }
 
 /// Whether a Bind of the client's unnamed statement (`tail`: after the statement name)
